@@ -1,0 +1,28 @@
+# The README's commands. Each creates (or reuses) .venv and installs what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+# torch is installed first and on its own: on a CPU-only machine an open `torch>=2.4` would pull the
+# newest CUDA build (~3 GB). Override on a GPU machine, e.g. `make train TORCH_SPEC="torch==2.11.0"`.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: install train test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install "$(TORCH_SPEC)"
+	$(BIN)/pip install -e ".[test,bench]"
+	touch $@
+
+install: $(VENV)/.installed
+
+train: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/accelerate launch --config_file accelerate_configs/cpu.yaml src/train.py $(ARGS)
+
+test: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,225 @@
+"""The run's configuration: one dataclass, filled from defaults, an optional YAML file, then flags.
+
+Hardware (devices, number of processes, mixed precision) is deliberately NOT here: it comes from
+the accelerate config the run is launched with, so the same options train anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Bad input from the user: reported as one line and exit code 2, before any training."""
+
+
+@dataclass
+class TrainConfig:
+    # --- data ---
+    dataset: str = field(default="digits", metadata={"help": "'digits' (bundled UCI digits), 'synthetic', a local parquet/csv/json file or save_to_disk folder, or a hub dataset name"})
+    input_columns: list[str] = field(default_factory=list, metadata={"help": "feature columns (numbers or fixed-length lists of numbers); empty = every column but the label"})
+    label_column: str = field(default="label", metadata={"help": "column holding the integer (or string) class label"})
+    num_classes: int = field(default=0, metadata={"help": "number of classes; 0 = from the label feature or max label + 1"})
+    val_fraction: float = field(default=0.1, metadata={"help": "share of the data held out for validation when the dataset has no validation split"})
+    test_fraction: float = field(default=0.2, metadata={"help": "share of the data held out for test when the dataset has no test split"})
+    synthetic_samples: int = field(default=20000, metadata={"help": "rows of the 'synthetic' dataset"})
+    synthetic_features: int = field(default=64, metadata={"help": "features of the 'synthetic' dataset"})
+    synthetic_classes: int = field(default=10, metadata={"help": "classes of the 'synthetic' dataset"})
+    # --- model ---
+    model: str = field(default="mlp", metadata={"help": "model from the registry: mlp or cnn"})
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256], metadata={"help": "MLP hidden layer widths"})
+    channels: list[int] = field(default_factory=lambda: [16, 32], metadata={"help": "CNN conv channels (inputs must form a square image)"})
+    dropout: float = field(default=0.2, metadata={"help": "dropout after each hidden layer"})
+    # --- optimisation ---
+    epochs: int = field(default=40, metadata={"help": "passes over the training split"})
+    max_steps: int = field(default=0, metadata={"help": "stop after this many optimizer steps; 0 = no limit"})
+    batch_size: int = field(default=64, metadata={"help": "samples per process per forward pass (global batch = batch_size x processes x grad_accum_steps)"})
+    optimizer: str = field(default="adamw", metadata={"help": "adamw or sgd"})
+    lr: float = field(default=3e-3, metadata={"help": "peak learning rate"})
+    momentum: float = field(default=0.9, metadata={"help": "SGD momentum"})
+    weight_decay: float = field(default=0.1, metadata={"help": "weight decay (decoupled for AdamW)"})
+    schedule: str = field(default="cosine", metadata={"help": "constant, step or cosine (all with linear warm-up), counted in optimizer steps"})
+    warmup_steps: int = field(default=20, metadata={"help": "optimizer steps of linear warm-up from 0 to lr"})
+    step_size: int = field(default=100, metadata={"help": "'step' schedule: multiply the lr by gamma every step_size optimizer steps"})
+    gamma: float = field(default=0.5, metadata={"help": "'step' schedule: decay factor"})
+    grad_accum_steps: int = field(default=1, metadata={"help": "forward/backward passes per optimizer step"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient norm to this on each optimizer step; 0 = no clipping"})
+    # --- evaluation and stopping ---
+    eval_every_steps: int = field(default=0, metadata={"help": "also validate every N optimizer steps; 0 = only at epoch ends"})
+    early_stopping_patience: int = field(default=0, metadata={"help": "stop after this many validations without improvement of the validation loss; 0 = off"})
+    early_stopping_min_delta: float = field(default=0.0, metadata={"help": "improvement smaller than this does not count"})
+    # --- data loading ---
+    num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes (0 = load in the training process)"})
+    pin_memory: bool = field(default=False, metadata={"help": "pin host memory of batches (helps host-to-GPU copies)"})
+    persistent_workers: bool = field(default=False, metadata={"help": "keep DataLoader workers alive between epochs (needs num_workers > 0)"})
+    # --- run ---
+    seed: int = field(default=42, metadata={"help": "seed for weights, shuffling and splits"})
+    output_dir: str = field(default="runs/default", metadata={"help": "run folder: config, metrics, weights, summary"})
+    log_every_steps: int = field(default=10, metadata={"help": "log the training loss every N optimizer steps"})
+    progress: bool = field(default=True, metadata={"help": "show a tqdm progress bar (main process only)"})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_TYPES = typing.get_type_hints(TrainConfig)
+CHOICES = {
+    "model": ("mlp", "cnn"),
+    "optimizer": ("adamw", "sgd"),
+    "schedule": ("constant", "step", "cosine"),
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _default(f: dataclasses.Field):
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (naming the flag) and exit code 2, like every other bad input."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(
+        prog="train.py",
+        description="Train a classifier with one plain PyTorch loop; the hardware comes from `accelerate launch`.",
+        formatter_class=argparse.HelpFormatter,
+        # Defaults are applied after the YAML file, so flags only override what the user typed.
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", help="YAML file with any of the options below; flags override it", default=argparse.SUPPRESS)
+    for name, f in FIELDS.items():
+        kind = _TYPES[name]
+        kwargs: dict = {"help": f.metadata.get("help", "") + " (default: %s)" % (_default(f),)}
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is list:
+            kwargs.update(nargs="*", type=typing.get_args(kind)[0], metavar=name.upper())
+        else:
+            kwargs["type"] = kind
+            if name in CHOICES:
+                kwargs["choices"] = CHOICES[name]
+        parser.add_argument(_flag(name), dest=name, **kwargs)
+    return parser
+
+
+def _coerce(name: str, value, source: str):
+    """Check a YAML value against the field's type; ints are accepted where floats are expected."""
+    kind = _TYPES[name]
+    where = f"{source}: option '{name}'"
+    if typing.get_origin(kind) is list:
+        item = typing.get_args(kind)[0]
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            value = [value] if not isinstance(value, str) else [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list of {item.__name__}, got {value!r}")
+        return [_coerce_scalar(item, v, where) for v in value]
+    return _coerce_scalar(kind, value, where)
+
+
+def _coerce_scalar(kind, value, where: str):
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif kind is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(f"{where} must be {kind.__name__}, got {value!r}")
+
+
+def load_yaml(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config: file not found: {path}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config: {path} is not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config: {path} must hold a mapping of option: value")
+    values = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in FIELDS:
+            raise ConfigError(f"--config: unknown option '{key}' in {path}")
+        values[name] = _coerce(name, value, path)
+        if name in CHOICES and values[name] not in CHOICES[name]:
+            raise ConfigError(f"{path}: option '{name}' must be one of {', '.join(CHOICES[name])}, got {value!r}")
+    return values
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Range checks that need no data; data-dependent checks happen in data.py."""
+    positive = ["epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size"]
+    non_negative = ["max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta"]
+    for name in positive:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{_flag(name)} must be positive, got {getattr(cfg, name)}")
+    for name in non_negative:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{_flag(name)} must not be negative, got {getattr(cfg, name)}")
+    if not cfg.lr > 0:
+        raise ConfigError(f"--lr must be positive, got {cfg.lr}")
+    if cfg.synthetic_classes < 2:
+        raise ConfigError(f"--synthetic-classes must be at least 2, got {cfg.synthetic_classes}")
+    if not 0 < cfg.gamma <= 1:
+        raise ConfigError(f"--gamma must be in (0, 1], got {cfg.gamma}")
+    if cfg.dropout >= 1:
+        raise ConfigError(f"--dropout must be below 1, got {cfg.dropout}")
+    for name in ("val_fraction", "test_fraction"):
+        if not 0 <= getattr(cfg, name) < 1:
+            raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(cfg, name)}")
+    if cfg.val_fraction + cfg.test_fraction >= 1:
+        raise ConfigError("--val-fraction plus --test-fraction must leave some training data")
+    if cfg.persistent_workers and cfg.num_workers == 0:
+        raise ConfigError("--persistent-workers needs --num-workers > 0")
+    for name in ("hidden_sizes", "channels"):
+        if any(v <= 0 for v in getattr(cfg, name)):
+            raise ConfigError(f"{_flag(name)} must hold positive sizes, got {getattr(cfg, name)}")
+    if cfg.model == "cnn" and not cfg.channels:
+        raise ConfigError("--channels must name at least one conv layer for the cnn model")
+    return cfg
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """defaults <- YAML file (--config) <- flags; raises ConfigError on any bad input."""
+    args = vars(build_parser().parse_args(argv))
+    values = load_yaml(args.pop("config")) if "config" in args else {}
+    values.update(args)
+    return validate(TrainConfig(**values))
+
+
+def is_main_rank() -> bool:
+    """Before the Accelerator exists: only rank 0 prints errors, so a 2-rank launch says it once."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def exit_on_config_error(err: ConfigError) -> typing.NoReturn:
+    if is_main_rank():
+        print(f"train.py: error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+
+def save_config(cfg: TrainConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

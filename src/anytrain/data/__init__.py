@@ -1,0 +1,252 @@
+"""Data: load a dataset with Hugging Face datasets, check it, turn each split into tensors once.
+
+Every source (the bundled digits, a local file or folder, a hub name) goes through
+`datasets`; only `synthetic` is generated directly as tensors. After loading, each split is
+held as two tensors (features, labels), so a batch is one fancy-index, not 64 Python rows:
+per-row work in the data path would otherwise dominate the step of a small model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..config import ConfigError, TrainConfig
+
+DIGITS_PATH = Path(__file__).with_name("digits.parquet")
+FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
+VALIDATION_NAMES = ("validation", "valid", "val", "dev")
+
+
+class TensorPairs(Dataset):
+    """(features, labels) tensors; `__getitems__` lets the DataLoader fetch a whole batch at once."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        self.inputs, self.targets = inputs, targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index):
+        return self.inputs[index], self.targets[index]
+
+    def __getitems__(self, indices: list[int]):
+        index = torch.as_tensor(indices)
+        return self.inputs[index], self.targets[index]
+
+
+def keep_batch(batch):
+    """collate_fn: `TensorPairs.__getitems__` already returns a stacked batch."""
+    return batch
+
+
+@dataclass
+class DataSplits:
+    train: TensorPairs
+    validation: TensorPairs
+    test: TensorPairs
+    num_features: int
+    num_classes: int
+    source: str
+
+    @property
+    def feature_mean(self) -> torch.Tensor:
+        return self.train.inputs.mean(0)
+
+    @property
+    def feature_std(self) -> torch.Tensor:
+        std = self.train.inputs.std(0)
+        return torch.where(std > 0, std, torch.ones_like(std))  # constant features (blank pixels) stay as they are
+
+
+def make_loader(data: TensorPairs, cfg: TrainConfig, shuffle: bool) -> DataLoader:
+    return DataLoader(
+        data,
+        batch_size=cfg.batch_size,
+        shuffle=shuffle,
+        collate_fn=keep_batch,
+        num_workers=cfg.num_workers,
+        pin_memory=cfg.pin_memory,
+        persistent_workers=cfg.persistent_workers,
+    )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_splits(cfg: TrainConfig) -> DataSplits:
+    """Load, validate and split the dataset named by cfg.dataset. Raises ConfigError on bad data."""
+    if cfg.dataset == "synthetic":
+        return _synthetic(cfg)
+    raw, source = _load_raw(cfg.dataset)
+    splits = _named_splits(raw)
+    tensors = {name: _to_tensors(ds, cfg, source, name) for name, ds in splits.items()}
+    num_classes, string_ids = _num_classes(tensors, cfg, source)
+    tensors = {name: (x, _label_ids(y, string_ids)) for name, (x, y, _) in tensors.items()}
+    return _finish(tensors, cfg, num_classes, source)
+
+
+def _load_raw(name: str):
+    import datasets
+
+    datasets.disable_progress_bars()  # one tqdm bar per run is enough
+    if name == "digits":
+        return datasets.Dataset.from_parquet(str(DIGITS_PATH)), "digits (bundled UCI handwritten digits)"
+    path = Path(name).expanduser()
+    try:
+        if path.is_dir():
+            if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+                return datasets.load_from_disk(str(path)), str(path)
+            return datasets.load_dataset(str(path)), str(path)
+        if path.is_file():
+            builder = FILE_BUILDERS.get(path.suffix.lower())
+            if builder is None:
+                raise ConfigError(f"--dataset: {name}: unsupported file type '{path.suffix}' (use {', '.join(FILE_BUILDERS)} or a save_to_disk folder)")
+            if path.stat().st_size == 0:
+                raise ConfigError(f"--dataset: {name} is empty")
+            return datasets.load_dataset(builder, data_files=str(path)), str(path)
+    except ConfigError:
+        raise
+    except Exception as e:  # datasets/pyarrow raise many kinds for unreadable files
+        if "corresponds to no data" in str(e):
+            raise ConfigError(f"--dataset: {name} has no rows") from None
+        raise ConfigError(f"--dataset: cannot read {name}: {_first_line(e)}") from None
+    if path.suffix.lower() in FILE_BUILDERS or name.startswith((".", "/", "~")):
+        raise ConfigError(f"--dataset: file not found: {name}")
+    try:
+        return datasets.load_dataset(name), f"hub:{name}"
+    except Exception as e:
+        raise ConfigError(f"--dataset: '{name}' is not a local file or folder, and loading it from the hub failed: {_first_line(e)}") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def _named_splits(raw) -> dict:
+    """Map a Dataset or DatasetDict onto train/validation/test; absent ones are carved from train later."""
+    import datasets
+
+    if isinstance(raw, datasets.Dataset):
+        return {"train": raw}
+    names = {k.lower(): k for k in raw.keys()}
+    if "train" not in names:
+        if len(raw) != 1:
+            raise ConfigError(f"--dataset: no 'train' split among {', '.join(raw.keys())}")
+        return {"train": next(iter(raw.values()))}
+    out = {"train": raw[names["train"]]}
+    for alias in VALIDATION_NAMES:
+        if alias in names:
+            out["validation"] = raw[names[alias]]
+            break
+    if "test" in names:
+        out["test"] = raw[names["test"]]
+    return out
+
+
+def _to_tensors(ds, cfg: TrainConfig, source: str, split: str):
+    if len(ds) == 0:
+        raise ConfigError(f"--dataset: the {split} split of {source} is empty")
+    columns = ds.column_names
+    if cfg.label_column not in columns:
+        raise ConfigError(f"--label-column: column '{cfg.label_column}' not in {source} (columns: {', '.join(columns)})")
+    inputs = cfg.input_columns or [c for c in columns if c != cfg.label_column]
+    for c in inputs:
+        if c not in columns:
+            raise ConfigError(f"--input-columns: column '{c}' not in {source} (columns: {', '.join(columns)})")
+    if not inputs:
+        raise ConfigError(f"--input-columns: {source} has no feature columns besides the label")
+    table = ds.with_format("numpy")
+    parts = []
+    for c in inputs:
+        try:
+            col = np.asarray(table[c])
+            if col.dtype == object:  # ragged lists come back as objects
+                col = np.stack(col)
+            col = col.astype(np.float32).reshape(len(ds), -1)
+        except (ValueError, TypeError):
+            raise ConfigError(f"--input-columns: column '{c}' of {source} is not numeric (or its lists differ in length)") from None
+        if not np.isfinite(col).all():
+            raise ConfigError(f"--dataset: column '{c}' of {source} ({split} split) has NaN or infinite values")
+        parts.append(col)
+    features = torch.from_numpy(np.concatenate(parts, axis=1))
+    labels = np.asarray(table[cfg.label_column])
+    feature = ds.features[cfg.label_column]
+    names = getattr(feature, "names", None)
+    return features, labels, names
+
+
+def _num_classes(tensors: dict, cfg: TrainConfig, source: str) -> tuple[int, dict | None]:
+    """The class count, and for string labels the name -> id map (sorted names, the same for every split)."""
+    names = next(iter(tensors.values()))[2]
+    labels = [y for _, y, _ in tensors.values()]
+    if labels[0].dtype.kind in "US" or labels[0].dtype == object:
+        classes = sorted(set().union(*(set(map(str, y)) for y in labels)))
+        cfg_classes = cfg.num_classes or len(classes)
+        if len(classes) > cfg_classes:
+            raise ConfigError(f"--num-classes: {source} has {len(classes)} label values, more than {cfg_classes}")
+        return cfg_classes, {c: i for i, c in enumerate(classes)}
+    if labels[0].dtype.kind == "f":
+        if any(not np.all(np.isfinite(y)) or not np.all(y == np.round(y)) for y in labels):
+            raise ConfigError(f"--label-column: '{cfg.label_column}' of {source} must hold integer class ids or strings")
+    elif labels[0].dtype.kind not in "iub":
+        raise ConfigError(f"--label-column: '{cfg.label_column}' of {source} must hold integer class ids or strings")
+    low = min(int(y.min()) for y in labels)
+    high = max(int(y.max()) for y in labels)
+    num_classes = cfg.num_classes or (len(names) if names else high + 1)
+    if low < 0 or high >= num_classes:
+        raise ConfigError(f"--label-column: labels of {source} range over [{low}, {high}], outside the {num_classes} classes [0, {num_classes - 1}]")
+    if num_classes < 2:
+        raise ConfigError(f"--label-column: {source} has a single class; a classifier needs at least 2")
+    return num_classes, None
+
+
+def _label_ids(labels: np.ndarray, ids: dict | None) -> torch.Tensor:
+    if ids is not None:
+        return torch.tensor([ids[str(v)] for v in labels], dtype=torch.long)
+    return torch.from_numpy(labels.astype(np.int64))
+
+
+def _synthetic(cfg: TrainConfig) -> DataSplits:
+    """A learnable classification set: Gaussian clusters around random class centres."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    centres = torch.randn(cfg.synthetic_classes, cfg.synthetic_features, generator=g)
+    labels = torch.randint(cfg.synthetic_classes, (cfg.synthetic_samples,), generator=g)
+    features = centres[labels] + 1.5 * torch.randn(cfg.synthetic_samples, cfg.synthetic_features, generator=g)
+    source = f"synthetic ({cfg.synthetic_samples} x {cfg.synthetic_features}, {cfg.synthetic_classes} classes)"
+    return _finish({"train": (features, labels)}, cfg, cfg.synthetic_classes, source)
+
+
+def _finish(tensors: dict, cfg: TrainConfig, num_classes: int, source: str) -> DataSplits:
+    """Carve the missing validation/test splits from train with a seeded permutation."""
+    x, y = tensors["train"]
+    fractions = {name: getattr(cfg, f"{'val' if name == 'validation' else 'test'}_fraction") for name in ("validation", "test") if name not in tensors}
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(cfg.seed))
+    start = 0
+    for name, fraction in fractions.items():
+        count = math.floor(len(y) * fraction)
+        if count == 0:
+            raise ConfigError(f"--dataset: {source} has no {name} split and {name} fraction {fraction} of {len(y)} rows leaves it empty")
+        idx = order[start : start + count]
+        tensors[name] = (x[idx], y[idx])
+        start += count
+    if start:
+        idx = order[start:].sort().values  # keep the remaining training rows in their original order
+        tensors["train"] = (x[idx], y[idx])
+    for name, (_, labels) in tensors.items():
+        if len(labels) == 0:
+            raise ConfigError(f"--dataset: the {name} split of {source} is empty")
+    return DataSplits(
+        train=TensorPairs(*tensors["train"]),
+        validation=TensorPairs(*tensors["validation"]),
+        test=TensorPairs(*tensors["test"]),
+        num_features=x.shape[1],
+        num_classes=num_classes,
+        source=source,
+    )

@@ -1,0 +1,65 @@
+"""The run folder: config.yaml, metrics.jsonl, model.safetensors, summary.json.
+
+Only the main process writes; every function here is a no-op-free plain helper, the caller
+decides who calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, safe_open, save_file
+
+from .config import FIELDS, TrainConfig
+from .models import build_model
+
+WEIGHTS = "model.safetensors"
+
+
+class MetricsLog:
+    """One JSON object per line: every logged training step and every evaluation."""
+
+    def __init__(self, path: Path | None):
+        self.file = open(path, "a", buffering=1) if path is not None else None
+
+    def write(self, **record) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, num_features: int, num_classes: int) -> None:
+    """safetensors file whose metadata says how to rebuild the model (see load_model)."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    metadata = {"anytrain_config": json.dumps(cfg.to_dict()), "num_features": str(num_features), "num_classes": str(num_classes)}
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def load_model(path: str | Path) -> torch.nn.Sequential:
+    """Rebuild the trained model from a run folder (or its model.safetensors), ready for inference on raw features."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / WEIGHTS
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    saved = json.loads(meta["anytrain_config"])
+    cfg = TrainConfig(**{k: v for k, v in saved.items() if k in FIELDS})
+    model = build_model(cfg, int(meta["num_features"]), int(meta["num_classes"]))
+    model.load_state_dict(load_file(str(path)))
+    return model.eval()
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process_max_rss"
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")

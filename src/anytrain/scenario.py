@@ -1,0 +1,88 @@
+"""Create the Accelerator and say plainly what hardware and precision the run really uses.
+
+accelerate 1.15 has silent fallbacks: fp16 on a CPU trains in fp32, a GPU config on a machine
+without a GPU trains on the CPU, and a MULTI_GPU launch on a CPU machine starts unsynchronised
+copies unless the Accelerator is created with cpu=True. This module turns each into a visible
+warning (recorded in summary.json) or, where going on would mislead, an error.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
+
+from .config import TrainConfig
+
+
+class LaunchError(RuntimeError):
+    """The processes did not form the group the launch asked for."""
+
+
+def make_accelerator(cfg: TrainConfig) -> Accelerator:
+    return Accelerator(
+        # Without CUDA, cpu=True is what makes a multi-process launch join one gloo group
+        # (otherwise each process trains alone); with CUDA the config decides.
+        cpu=not torch.cuda.is_available(),
+        gradient_accumulation_steps=cfg.grad_accum_steps,
+        # The seedable sampler makes the shuffle order a function of (seed, epoch) on every rank,
+        # which is what lets runs be compared across process counts and resumed exactly.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+        # A rank that never joins (or dies) must fail the job, not hang it.
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=cfg_timeout()))],
+    )
+
+
+def cfg_timeout() -> int:
+    return int(os.environ.get("ANYTRAIN_DIST_TIMEOUT", "120"))
+
+
+def describe(accelerator: Accelerator) -> dict:
+    """The effective scenario, with a warning for every request that could not be honoured."""
+    state = accelerator.state
+    warnings: list[str] = []
+    requested_precision = state.mixed_precision
+    precision = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}.get(requested_precision, requested_precision)
+    if requested_precision == "fp16" and accelerator.scaler is None:
+        precision = "fp32"
+        warnings.append(f"fp16 was requested but is not available on {accelerator.device.type}: training in fp32")
+    elif requested_precision == "bf16" and not accelerator.native_amp:
+        precision = "fp32"
+        warnings.append(f"bf16 was requested but is not available on {accelerator.device.type}: training in fp32")
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "false" and not torch.cuda.is_available():
+        warnings.append("the accelerate config asks for GPUs but this machine has no CUDA device: training on the CPU")
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != accelerator.num_processes:
+        raise LaunchError(
+            f"{launched} processes were launched but they joined a group of {accelerator.num_processes}: "
+            "each would train alone. Launch with `accelerate launch --config_file accelerate_configs/multi_cpu.yaml` "
+            "on CPU or accelerate_configs/multi_gpu.yaml on GPUs."
+        )
+    asked = os.environ.get("ANYTRAIN_EXPECTED_PROCESSES")
+    if asked and int(asked) != accelerator.num_processes:
+        warnings.append(f"{asked} processes were asked for but {accelerator.num_processes} started")
+    backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else None
+    return {
+        "distributed_type": str(state.distributed_type).split(".")[-1],
+        "backend": backend,
+        "num_processes": accelerator.num_processes,
+        "device": str(accelerator.device),
+        "device_name": torch.cuda.get_device_name(accelerator.device) if accelerator.device.type == "cuda" else "cpu",
+        "mixed_precision_requested": requested_precision,
+        "mixed_precision": precision,
+        "cpu_threads_per_process": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "warnings": warnings,
+    }
+
+
+def format_scenario(s: dict) -> str:
+    group = f"{s['distributed_type']}" + (f" over {s['backend']}" if s["backend"] else "")
+    line = (
+        f"anytrain: {group}, {s['num_processes']} process(es), device {s['device']} ({s['device_name']}), "
+        f"precision {s['mixed_precision']}, {s['cpu_threads_per_process']} CPU thread(s) per process"
+    )
+    return "\n".join([line] + [f"anytrain: WARNING: {w}" for w in s["warnings"]])

@@ -1,0 +1,131 @@
+"""Data: the bundled digits, local files in every supported format, synthetic data, splits,
+column options, fast batched loading, and a clear error for every kind of bad data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from anytrain.config import ConfigError, TrainConfig
+from anytrain.data import DIGITS_PATH, load_splits, make_loader
+
+
+def test_bundled_digits_load_offline_with_a_seeded_split():
+    data = load_splits(TrainConfig())
+    assert (data.num_features, data.num_classes) == (64, 10)
+    assert (len(data.train), len(data.validation), len(data.test)) == (1259, 179, 359)
+    assert data.train.inputs.dtype == torch.float32 and data.train.inputs.max() == 16
+    assert (DIGITS_PATH.parent / "DIGITS_SOURCE.md").read_text().count("CC BY 4.0") >= 1
+    again = load_splits(TrainConfig())
+    assert torch.equal(again.test.inputs, data.test.inputs)  # same seed, same split
+    other = load_splits(TrainConfig(seed=1))
+    assert not torch.equal(other.test.targets, data.test.targets)
+
+
+def _table(n=120, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"a": rng.normal(size=n).tolist(), "b": rng.normal(size=n).tolist(), "y": (np.arange(n) % classes).tolist()}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "json", "disk"])
+def test_local_files_in_every_format(tmp_path, fmt):
+    import datasets
+
+    ds = datasets.Dataset.from_dict(_table())
+    path = tmp_path / ("data" if fmt == "disk" else f"data.{fmt}")
+    {"parquet": ds.to_parquet, "csv": ds.to_csv, "json": ds.to_json, "disk": ds.save_to_disk}[fmt](str(path))
+    data = load_splits(TrainConfig(dataset=str(path), label_column="y"))
+    assert (data.num_features, data.num_classes) == (2, 3)
+    assert len(data.train) + len(data.validation) + len(data.test) == 120
+
+
+def test_named_splits_are_used_and_columns_chosen(tmp_path):
+    import datasets
+
+    dd = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict(_table(100)),
+        "validation": datasets.Dataset.from_dict(_table(30, seed=1)),
+        "test": datasets.Dataset.from_dict(_table(20, seed=2)),
+    })
+    dd.save_to_disk(str(tmp_path / "dd"))
+    data = load_splits(TrainConfig(dataset=str(tmp_path / "dd"), label_column="y", input_columns=["b"]))
+    assert (len(data.train), len(data.validation), len(data.test)) == (100, 30, 20)
+    assert data.num_features == 1
+    assert torch.allclose(data.test.inputs[:, 0], torch.tensor(_table(20, seed=2)["b"], dtype=torch.float32))
+
+
+def test_string_labels_map_to_sorted_class_ids(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("x,kind\n" + "".join(f"{i},{'cat' if i % 2 else 'dog'}\n" for i in range(50)))
+    data = load_splits(TrainConfig(dataset=str(path), label_column="kind", val_fraction=0.2, test_fraction=0.2))
+    assert data.num_classes == 2
+    rows = torch.cat([data.train.inputs, data.validation.inputs, data.test.inputs])[:, 0]
+    labels = torch.cat([data.train.targets, data.validation.targets, data.test.targets])
+    assert torch.equal(labels, (rows.long() % 2 == 0).long())  # 'cat' = 0, 'dog' = 1
+
+
+def test_synthetic_is_learnable_and_sized_by_options():
+    data = load_splits(TrainConfig(dataset="synthetic", synthetic_samples=1000, synthetic_features=12, synthetic_classes=4))
+    assert (data.num_features, data.num_classes) == (12, 4)
+    assert len(data.train) + len(data.validation) + len(data.test) == 1000
+    # nearest class mean on train already separates the classes well: there is signal to learn
+    means = torch.stack([data.train.inputs[data.train.targets == c].mean(0) for c in range(4)])
+    predicted = torch.cdist(data.test.inputs, means).argmin(1)
+    assert (predicted == data.test.targets).float().mean() > 0.9
+
+
+def test_loader_fetches_whole_batches_in_the_seeded_sampler_order():
+    data = load_splits(TrainConfig())
+    loader = make_loader(data.train, TrainConfig(batch_size=100), shuffle=False)
+    x, y = next(iter(loader))
+    assert x.shape == (100, 64) and torch.equal(y, data.train.targets[:100])
+
+
+def _error(**kwargs) -> str:
+    with pytest.raises(ConfigError) as exc:
+        load_splits(TrainConfig(**kwargs))
+    return str(exc.value)
+
+
+def test_bad_data_gets_a_clear_message(tmp_path):
+    assert "file not found" in _error(dataset=str(tmp_path / "nope.parquet"))
+    (tmp_path / "empty.csv").write_text("")
+    assert "empty.csv is empty" in _error(dataset=str(tmp_path / "empty.csv"))
+    (tmp_path / "header.csv").write_text("x,label\n")
+    assert "header.csv has no rows" in _error(dataset=str(tmp_path / "header.csv"))
+    (tmp_path / "junk.parquet").write_bytes(b"not a parquet file at all")
+    assert "cannot read" in _error(dataset=str(tmp_path / "junk.parquet"))
+    (tmp_path / "data.txt").write_text("1,2\n")
+    assert "unsupported file type" in _error(dataset=str(tmp_path / "data.txt"))
+    assert "column 'target' not in" in _error(label_column="target")
+    assert "--input-columns: column 'pix' not in" in _error(input_columns=["pix"])
+    assert "outside the 5 classes" in _error(num_classes=5)
+
+
+def test_an_empty_split_is_named(tmp_path):
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    (folder / "train.csv").write_text("x,label\n" + "1,0\n2,1\n" * 20)
+    (folder / "test.csv").write_text("x,label\n")
+    err = _error(dataset=str(folder))
+    assert "splits" in err and ("no rows" in err or "test split" in err and "is empty" in err)
+    err = _error(dataset="synthetic", synthetic_samples=20, test_fraction=0.01)
+    assert "has no test split" in err and "leaves it empty" in err
+
+
+def test_nan_and_non_numeric_features_and_bad_labels(tmp_path):
+    (tmp_path / "nan.csv").write_text("x,label\n1.0,0\nnan,1\n" + "2.0,1\n" * 20)
+    assert "NaN or infinite" in _error(dataset=str(tmp_path / "nan.csv"))
+    (tmp_path / "text.csv").write_text("x,label\n" + "abc,0\n" * 20 + "def,1\n" * 20)
+    assert "is not numeric" in _error(dataset=str(tmp_path / "text.csv"))
+    (tmp_path / "neg.csv").write_text("x,label\n" + "1,-1\n" * 10 + "2,1\n" * 20)
+    assert "outside the" in _error(dataset=str(tmp_path / "neg.csv"))
+    (tmp_path / "frac.json").write_text("\n".join(json.dumps({"x": i, "label": i / 3}) for i in range(30)))
+    assert "integer class ids or strings" in _error(dataset=str(tmp_path / "frac.json"))
+
+
+def test_hub_name_goes_through_datasets_and_fails_clearly_offline():
+    assert "loading it from the hub failed" in _error(dataset="someone/no-such-dataset")
