@@ -63,7 +63,11 @@ class TrainConfig:
     # --- run ---
     seed: int = field(default=42, metadata={"help": "seed for weights, shuffling and splits"})
     output_dir: str = field(default="runs/default", metadata={"help": "run folder: config, metrics, weights, summary"})
-    log_every_steps: int = field(default=10, metadata={"help": "log the training loss every N optimizer steps"})
+    log_every_steps: int = field(default=10, metadata={"help": "log the training loss (and, with several processes, check for SIGTERM/SIGINT) every N optimizer steps"})
+    checkpoint_every_steps: int = field(default=0, metadata={"help": "also save a checkpoint every N optimizer steps; 0 = only at epoch ends"})
+    keep_checkpoints: int = field(default=2, metadata={"help": "keep the newest K checkpoints (plus the best by validation loss); 0 = keep all"})
+    resume: str = field(default="", metadata={"help": "continue from a checkpoint: bare --resume = latest in --output-dir, or a checkpoint folder"})
+    overwrite: bool = field(default=False, metadata={"help": "replace an existing run in --output-dir (otherwise refused)"})
     progress: bool = field(default=True, metadata={"help": "show a tqdm progress bar (main process only)"})
 
     def to_dict(self) -> dict:
@@ -106,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, f in FIELDS.items():
         kind = _TYPES[name]
         kwargs: dict = {"help": f.metadata.get("help", "") + " (default: %s)" % (_default(f),)}
-        if kind is bool:
+        if name == "resume":
+            kwargs.update(nargs="?", const="latest", metavar="CHECKPOINT")
+        elif kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(kind) is list:
             kwargs.update(nargs="*", type=typing.get_args(kind)[0], metavar=name.upper())
@@ -172,7 +178,7 @@ def load_yaml(path: str) -> dict:
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Range checks that need no data; data-dependent checks happen in data.py."""
     positive = ["epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size"]
-    non_negative = ["max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta"]
+    non_negative = ["checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{_flag(name)} must be positive, got {getattr(cfg, name)}")
@@ -192,6 +198,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(cfg, name)}")
     if cfg.val_fraction + cfg.test_fraction >= 1:
         raise ConfigError("--val-fraction plus --test-fraction must leave some training data")
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: choose one")
     if cfg.persistent_workers and cfg.num_workers == 0:
         raise ConfigError("--persistent-workers needs --num-workers > 0")
     for name in ("hidden_sizes", "channels"):

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import shutil
+import signal
 import time
 from pathlib import Path
 
 import torch
-import hashlib
-
 from accelerate.utils import gather_object, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
+from .checkpoint import Progress, check_compatible, check_run_folder, check_writable, find_resume_checkpoint, save_checkpoint
 from .config import ConfigError, TrainConfig, save_config
 from .data import DataSplits, load_splits, make_loader
 from .models import build_model
@@ -56,14 +59,61 @@ def load_data(accelerator, cfg: TrainConfig) -> DataSplits:
     raise error
 
 
+class Preempted(Exception):
+    """SIGTERM/SIGINT arrived: a checkpoint was saved; exit with 128 + the signal number."""
+
+    def __init__(self, signum: int, checkpoint: Path):
+        super().__init__(f"stopped by {signal.Signals(signum).name}; checkpoint saved in {checkpoint}; continue with --resume")
+        self.exit_code = 128 + signum
+
+
+class NonFiniteLoss(Exception):
+    """The training loss became NaN or infinite."""
+
+
+class StopSignals:
+    """Remembers SIGTERM/SIGINT instead of dying mid-step; the loop stops at a step boundary and saves."""
+
+    def __init__(self):
+        self.received = 0
+        self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        self.received = signum
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def trim_metrics(path: Path, last_step: int) -> None:
+    """On resume, drop what the interrupted run logged after the checkpoint; it is about to be redone."""
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
 def train(cfg: TrainConfig) -> dict:
+    signals = StopSignals()
+    try:
+        return _train(cfg, signals)
+    finally:
+        signals.restore()
+
+
+def _train(cfg: TrainConfig, signals: StopSignals) -> dict:
     started = time.perf_counter()
     accelerator = make_accelerator(cfg)
     scenario = describe(accelerator)
     accelerator.print(format_scenario(scenario))
+    run_dir = Path(cfg.output_dir)
+    # Every check that can refuse the run happens before anything is written.
+    check_run_folder(cfg)
+    resume_from = find_resume_checkpoint(cfg) if cfg.resume else None
     set_seed(cfg.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
-
     data = load_data(accelerator, cfg)
+    check_writable(run_dir)
+
     model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
     optimizer = build_optimizer(cfg, model.parameters())
     train_loader = make_loader(data.train, cfg, shuffle=True)
@@ -75,46 +125,88 @@ def train(cfg: TrainConfig) -> dict:
     total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
     scheduler = build_scheduler(cfg, optimizer, total_steps)
     criterion = nn.CrossEntropyLoss()
+    progress = Progress(config=cfg.to_dict(), num_features=data.num_features, num_classes=data.num_classes)
+    # save_state/load_state then carry these too (model, optimizer, scaler, sampler and RNGs are built in).
+    accelerator.register_for_checkpointing(progress, scheduler)
 
-    run_dir = Path(cfg.output_dir)
+    if resume_from is not None:
+        saved = torch.load(resume_from / "custom_checkpoint_0.pkl", weights_only=False)
+        check_compatible(saved.get("config", {}), cfg, resume_from)
+        try:
+            accelerator.load_state(str(resume_from))
+        except Exception as e:
+            raise ConfigError(f"--resume: cannot load checkpoint {resume_from}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_from is None:
+            for stale in ("metrics.jsonl", "summary.json", "checkpoints"):
+                path = run_dir / stale
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+        else:
+            trim_metrics(run_dir / "metrics.jsonl", progress.step)
+            (run_dir / "summary.json").unlink(missing_ok=True)
         save_config(cfg, run_dir / "config.yaml")
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     log = MetricsLog(run_dir / "metrics.jsonl" if accelerator.is_main_process else None)
-    bar = tqdm(total=total_steps, disable=not (cfg.progress and accelerator.is_main_process), unit="step", dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=progress.step, disable=not (cfg.progress and accelerator.is_main_process), unit="step", dynamic_ncols=True)
 
-    step = 0  # optimizer steps taken
-    best_val_loss, evals_without_improvement, stopped_early_at = math.inf, 0, None
-    running_loss, running_batches = torch.zeros((), device=accelerator.device), 0
-    samples_seen, eval_seconds = 0, 0.0
+    window_losses: list[torch.Tensor] = []  # this rank's batch losses since the last log, with their step numbers
+    window_steps: list[int] = []
+    samples_seen, eval_seconds, skipped_steps = 0, 0.0, 0
     val: dict = {}
+    improved_at = -1  # step of the last validation that improved the best loss
 
-    def validate(epoch: int) -> bool:
+    def health() -> tuple[float, int]:
+        """One all-reduce: mean training loss over ranks since the last log, and whether any rank got a stop signal."""
+        losses = torch.stack(window_losses).float() if window_losses else torch.zeros(0, device=accelerator.device)
+        local = torch.stack([losses.sum(), torch.tensor(float(len(window_losses)), device=losses.device), torch.tensor(float(signals.received > 0), device=losses.device)])
+        total = accelerator.reduce(local, "sum")
+        mean_loss = (total[0] / total[1]).item() if total[1] > 0 else float("nan")
+        if total[1] > 0 and not math.isfinite(mean_loss):
+            bad = (~torch.isfinite(losses)).nonzero()
+            first_bad = window_steps[bad[0].item()] if len(bad) else 10**12
+            first_bad = min(gather_object([first_bad]))
+            raise NonFiniteLoss(
+                f"the training loss became non-finite ({mean_loss}) at optimizer step {first_bad} (epoch {progress.epoch}); "
+                f"stopped without saving. The last good checkpoint is in {run_dir / 'checkpoints'} (try a lower --lr, then --resume)"
+            )
+        return mean_loss, int(total[2].item())
+
+    def validate() -> bool:
         """Evaluate, log, and update early stopping; True when training should stop (same on all ranks)."""
-        nonlocal val, best_val_loss, evals_without_improvement, stopped_early_at, eval_seconds
+        nonlocal val, eval_seconds, improved_at
         eval_start = time.perf_counter()
         val = evaluate(model, val_loader, accelerator)
         model.train()
-        log.write(kind="eval", split="validation", step=step, epoch=epoch, loss=val["loss"], accuracy=val["accuracy"])
-        if val["loss"] < best_val_loss - cfg.early_stopping_min_delta:
-            best_val_loss, evals_without_improvement = val["loss"], 0
+        log.write(kind="eval", split="validation", step=progress.step, epoch=progress.epoch, loss=val["loss"], accuracy=val["accuracy"])
+        if val["loss"] < progress.best_val_loss - cfg.early_stopping_min_delta:
+            progress.best_val_loss, progress.evals_without_improvement, improved_at = val["loss"], 0, progress.step
         else:
-            evals_without_improvement += 1
-        if cfg.early_stopping_patience and evals_without_improvement >= cfg.early_stopping_patience and accelerator.is_main_process:
-            accelerator.set_trigger()  # decided on the main process ...
-        stop = accelerator.check_trigger()  # ... and seen by every rank, so no rank breaks alone and hangs the others
-        if stop:
-            stopped_early_at = epoch
+            progress.evals_without_improvement += 1
         eval_seconds += time.perf_counter() - eval_start
-        return stop
+        patience_spent = cfg.early_stopping_patience and progress.evals_without_improvement >= cfg.early_stopping_patience
+        if patience_spent and accelerator.is_main_process:
+            accelerator.set_trigger()  # decided on the main process ...
+        return accelerator.check_trigger()  # ... and seen by every rank, so no rank breaks alone and hangs the others
+
+    def checkpoint() -> Path:
+        health()  # never save a checkpoint over a NaN: raises if the loss went non-finite since the last check
+        return save_checkpoint(accelerator, run_dir, progress.step, cfg.keep_checkpoints, is_best=improved_at == progress.step)
 
     loop_start = window_start = time.perf_counter()
-    window_samples = 0
-    for epoch in range(cfg.epochs):
+    window_samples, epoch = 0, progress.epoch
+    stopped_early = stop_signal = False
+    for epoch in range(progress.epoch, cfg.epochs if progress.step < total_steps else 0):
         model.train()
-        stop = validated = False
-        for inputs, targets in train_loader:
+        progress.epoch = epoch
+        train_loader.set_epoch(epoch)  # the shuffle order is a function of (seed, epoch): resumable, the same on every rank
+        # Resuming mid-epoch: skip the batches this epoch already trained on (same order, thanks to set_epoch).
+        batches = accelerator.skip_first_batches(train_loader, progress.batches_done) if progress.batches_done else train_loader
+        validated = False
+        for inputs, targets in batches:
             with accelerator.accumulate(model):  # gradients are all-reduced and applied once per grad_accum_steps batches
                 outputs = model(inputs)
                 loss = criterion(outputs, targets)
@@ -123,42 +215,53 @@ def train(cfg: TrainConfig) -> dict:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # unscales first under fp16
                 optimizer.step()  # a no-op until the accumulation cycle is complete
                 optimizer.zero_grad()
-            running_loss += loss.detach()  # no .item() here: a host sync every batch would stall a GPU
-            running_batches += 1
+            window_losses.append(loss.detach())  # no .item() here: a host sync every batch would stall a GPU
+            window_steps.append(progress.step + 1)
             window_samples += len(targets) * accelerator.num_processes
+            progress.batches_done += 1
             if not accelerator.sync_gradients:
                 continue
-            if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: no update, so no schedule advance
+            if accelerator.optimizer_step_was_skipped:  # fp16 overflow: no update, so no schedule advance
+                skipped_steps += 1
+            else:
                 scheduler.step()
-            step += 1
+            progress.step += 1
             bar.update(1)
             validated = False
-            if step % cfg.log_every_steps == 0:
-                mean_loss = accelerator.reduce(running_loss, "mean").item() / running_batches  # mean over ranks
+            if progress.step % cfg.log_every_steps == 0 or (accelerator.num_processes == 1 and signals.received):
+                mean_loss, stop_signal = health()
                 rate = window_samples / (time.perf_counter() - window_start)
-                log.write(kind="train", step=step, epoch=epoch, loss=mean_loss, lr=scheduler.get_last_lr()[0], samples_per_s=rate)
+                log.write(kind="train", step=progress.step, epoch=epoch, loss=mean_loss, lr=scheduler.get_last_lr()[0], samples_per_s=rate, skipped_steps=skipped_steps)
                 bar.set_postfix(loss=f"{mean_loss:.4f}", samples_per_s=f"{rate:,.0f}")
-                running_loss.zero_()
-                running_batches, samples_seen, window_samples = 0, samples_seen + window_samples, 0
-                window_start = time.perf_counter()
-            if cfg.eval_every_steps and step % cfg.eval_every_steps == 0:
-                stop, validated = validate(epoch), True
+                window_losses.clear()
+                window_steps.clear()
+                samples_seen, window_samples, window_start = samples_seen + window_samples, 0, time.perf_counter()
+            if cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0:
+                stopped_early, validated = validate(), True
                 window_start = time.perf_counter()  # evaluation time is not training throughput
-            if stop or step >= total_steps:
+            if stop_signal:  # SIGTERM/SIGINT: this step is finished; save together, then exit 143/130
+                raise Preempted(signals.received or signal.SIGTERM, checkpoint())
+            if cfg.checkpoint_every_steps and progress.step % cfg.checkpoint_every_steps == 0:
+                checkpoint()
+                window_start = time.perf_counter()
+            if stopped_early or progress.step >= total_steps:
                 break
         if not validated:  # every epoch ends with a validation (unless one just ran at this step)
-            stop = validate(epoch) or stop
-            window_start = time.perf_counter()
+            stopped_early = validate() or stopped_early
         if accelerator.is_main_process:
-            tqdm.write(f"epoch {epoch}: step {step}, val_loss {val['loss']:.4f}, val_accuracy {val['accuracy']:.4f}")
-        if stop or step >= total_steps:
+            tqdm.write(f"epoch {epoch}: step {progress.step}, val_loss {val['loss']:.4f}, val_accuracy {val['accuracy']:.4f}")
+        if progress.batches_done >= len(train_loader):  # the epoch ran to its end
+            progress.epoch, progress.batches_done = epoch + 1, 0
+        checkpoint()
+        window_start = time.perf_counter()
+        if stopped_early or progress.step >= total_steps:
             break
     samples_seen += window_samples
     train_seconds = time.perf_counter() - loop_start - eval_seconds
     bar.close()
 
     test = evaluate(model, test_loader, accelerator)
-    log.write(kind="eval", split="test", step=step, epoch=epoch, loss=test["loss"], accuracy=test["accuracy"])
+    log.write(kind="eval", split="test", step=progress.step, epoch=epoch, loss=test["loss"], accuracy=test["accuracy"])
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(model)  # full weights even when sharded (FSDP)
     # Each rank's fingerprint of its own weights: after data-parallel training they must all agree.
@@ -169,11 +272,13 @@ def train(cfg: TrainConfig) -> dict:
         "test_accuracy": test["accuracy"],
         "val_loss": val.get("loss"),
         "val_accuracy": val.get("accuracy"),
-        "best_val_loss": best_val_loss,
-        "epochs_completed": epoch + 1,
-        "optimizer_steps": step,
-        "stopped_early_at_epoch": stopped_early_at,
-        "samples_per_s": samples_seen / train_seconds,
+        "best_val_loss": progress.best_val_loss,
+        "epochs_completed": progress.epoch + (progress.batches_done > 0),
+        "optimizer_steps": progress.step,
+        "skipped_optimizer_steps": skipped_steps,
+        "stopped_early_at_epoch": epoch if stopped_early else None,
+        "resumed_from": str(resume_from) if resume_from else None,
+        "samples_per_s": samples_seen / train_seconds if train_seconds > 0 else None,
         "train_seconds": train_seconds,
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,

@@ -73,6 +73,9 @@ def make_loader(data: TensorPairs, cfg: TrainConfig, shuffle: bool) -> DataLoade
         num_workers=cfg.num_workers,
         pin_memory=cfg.pin_memory,
         persistent_workers=cfg.persistent_workers,
+        # Its own generator, so starting an epoch does not draw from the global RNG that dropout
+        # uses: a run resumed mid-epoch then sees exactly the random numbers the original saw.
+        generator=torch.Generator().manual_seed(cfg.seed) if shuffle else None,
     )
 
 
