@@ -8,8 +8,11 @@ warning (recorded in summary.json) or, where going on would mislead, an error.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import signal
+import sys
 
 import torch
 from accelerate import Accelerator
@@ -22,7 +25,19 @@ class LaunchError(RuntimeError):
     """The processes did not form the group the launch asked for."""
 
 
+def die_with_launcher() -> None:
+    """torchrun starts each rank in a session of its own: if the launcher is SIGKILLed, its ranks
+    would train on as orphans (and keep writing the run folder). Ask Linux to kill us with it."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    launcher = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != launcher:  # the launcher died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
+    die_with_launcher()
     return Accelerator(
         # Without CUDA, cpu=True is what makes a multi-process launch join one gloo group
         # (otherwise each process trains alone); with CUDA the config decides.
