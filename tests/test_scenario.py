@@ -1,0 +1,32 @@
+"""The scenario report: what really runs, warnings for requests that cannot be honoured, and an
+error when launched processes did not join one group."""
+
+from __future__ import annotations
+
+import pytest
+
+from anytrain import TrainConfig
+from anytrain.scenario import LaunchError, describe, format_scenario, make_accelerator
+
+
+def test_plain_cpu_run_is_described_without_warnings(monkeypatch):
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    scenario = describe(make_accelerator(TrainConfig()))
+    assert scenario["distributed_type"] == "NO" and scenario["num_processes"] == 1
+    assert scenario["device"] == "cpu" and scenario["mixed_precision"] == "fp32"
+    assert scenario["cpu_threads_per_process"] >= 1 and scenario["warnings"] == []
+    assert "1 process(es), device cpu" in format_scenario(scenario)
+
+
+def test_gpu_config_on_a_machine_without_gpu_is_a_warning(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "False")  # what `accelerate launch` sets for a GPU config
+    scenario = describe(make_accelerator(TrainConfig()))
+    assert any("asks for GPUs but this machine has no CUDA device" in w for w in scenario["warnings"])
+    assert "WARNING" in format_scenario(scenario)
+
+
+def test_processes_that_did_not_join_one_group_stop_the_run(monkeypatch):
+    accelerator = make_accelerator(TrainConfig())
+    monkeypatch.setenv("WORLD_SIZE", "2")  # launched as 2, but this process trains alone
+    with pytest.raises(LaunchError, match="2 processes were launched but they joined a group of 1.*multi_cpu.yaml"):
+        describe(accelerator)
