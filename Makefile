@@ -26,3 +26,9 @@ test: install
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# Single device vs naive vs pipelined model parallelism over a sweep of micro-batch counts:
+# table + JSON + PNG in bench_out/model_parallel (see docs/model_parallel.md).
+.PHONY: bench-mp
+bench-mp: install
+	$(BIN)/python benchmarks/model_parallel_bench.py --out bench_out/model_parallel $(ARGS)
