@@ -30,3 +30,15 @@ def test_processes_that_did_not_join_one_group_stop_the_run(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # launched as 2, but this process trains alone
     with pytest.raises(LaunchError, match="2 processes were launched but they joined a group of 1.*multi_cpu.yaml"):
         describe(accelerator)
+
+
+def test_a_multi_cpu_launch_that_started_one_process_says_so(monkeypatch):
+    # what accelerate's simple launcher exports for `distributed_type: MULTI_CPU, num_processes: 2`
+    # (or --cpu --num_processes 2): a rendezvous address, but no RANK/WORLD_SIZE, and one process
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    scenario = describe(make_accelerator(TrainConfig()))
+    assert scenario["num_processes"] == 1
+    assert any("starts only one" in w and "multi_cpu.yaml" in w for w in scenario["warnings"])

@@ -46,13 +46,21 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         # The seedable sampler makes the shuffle order a function of (seed, epoch) on every rank,
         # which is what lets runs be compared across process counts and resumed exactly.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
-        # A rank that never joins (or dies) must fail the job, not hang it.
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=cfg_timeout()))],
+        # A collective that never completes (a rank stuck or gone) fails the job after this long
+        # instead of hanging it; long enough for the main process to prepare a big dataset first.
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=collective_timeout_s()))],
     )
 
 
-def cfg_timeout() -> int:
-    return int(os.environ.get("ANYTRAIN_DIST_TIMEOUT", "120"))
+def collective_timeout_s() -> int:
+    return int(os.environ.get("ANYTRAIN_DIST_TIMEOUT", "1800"))
+
+
+def asked_for_several_cpu_processes() -> bool:
+    """accelerate's single-process launcher exports MASTER_ADDR only when more than one process
+    (or machine) was asked for; a CPU launch that got there started one process all the same."""
+    launcher_env = os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true" and "MASTER_ADDR" in os.environ
+    return launcher_env and not any(k in os.environ for k in ("RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"))
 
 
 def describe(accelerator: Accelerator) -> dict:
@@ -76,9 +84,12 @@ def describe(accelerator: Accelerator) -> dict:
             "each would train alone. Launch with `accelerate launch --config_file accelerate_configs/multi_cpu.yaml` "
             "on CPU or accelerate_configs/multi_gpu.yaml on GPUs."
         )
-    asked = os.environ.get("ANYTRAIN_EXPECTED_PROCESSES")
-    if asked and int(asked) != accelerator.num_processes:
-        warnings.append(f"{asked} processes were asked for but {accelerator.num_processes} started")
+    if accelerator.num_processes == 1 and asked_for_several_cpu_processes():
+        warnings.append(
+            "this launch asked for several CPU processes (distributed_type MULTI_CPU, or --cpu --num_processes N), "
+            "but accelerate 1.15 starts only one: training with 1 process. For 2 CPU ranks use "
+            "`accelerate launch --config_file accelerate_configs/multi_cpu.yaml`"
+        )
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else None
     return {
         "distributed_type": str(state.distributed_type).split(".")[-1],

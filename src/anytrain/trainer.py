@@ -99,6 +99,8 @@ def train(cfg: TrainConfig) -> dict:
         return _train(cfg, signals)
     finally:
         signals.restore()
+        if torch.distributed.is_initialized():  # also on error paths: an abandoned gloo group can abort at exit
+            torch.distributed.destroy_process_group()
 
 
 def _train(cfg: TrainConfig, signals: StopSignals) -> dict:
