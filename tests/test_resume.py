@@ -133,10 +133,13 @@ def test_a_kill_during_save_leaves_the_previous_checkpoint_usable(tmp_path):
 
 
 def test_resume_continues_training_after_more_epochs_are_asked_for(tmp_path):
-    train(_cfg(tmp_path, "short", epochs=2, schedule="constant"))
-    train(_cfg(tmp_path, "short", epochs=3, schedule="constant", resume="latest"))
-    train(_cfg(tmp_path, "long", epochs=3, schedule="constant"))
+    # log every 7 steps: checkpoints at epoch ends (every 20 steps) fall mid logging window
+    train(_cfg(tmp_path, "short", epochs=2, schedule="constant", log_every_steps=7))
+    train(_cfg(tmp_path, "short", epochs=3, schedule="constant", log_every_steps=7, resume="latest"))
+    train(_cfg(tmp_path, "long", epochs=3, schedule="constant", log_every_steps=7))
     assert_same_weights(tmp_path / "short", tmp_path / "long")
+    train_log = lambda name: [(m["step"], m["loss"]) for m in read_metrics(tmp_path / name) if m["kind"] == "train"]  # noqa: E731
+    assert train_log("short") == train_log("long")
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):

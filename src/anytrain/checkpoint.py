@@ -42,6 +42,7 @@ class Progress:
     step: int = 0  # optimizer steps taken
     best_val_loss: float = float("inf")
     evals_without_improvement: int = 0
+    window: list = field(default_factory=list)  # (step, loss) of batches not yet logged, so the next log line is exact
     config: dict = field(default_factory=dict)
     num_features: int = 0
     num_classes: int = 0

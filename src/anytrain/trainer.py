@@ -155,8 +155,9 @@ def _train(cfg: TrainConfig, signals: StopSignals) -> dict:
     log = MetricsLog(run_dir / "metrics.jsonl" if accelerator.is_main_process else None)
     bar = tqdm(total=total_steps, initial=progress.step, disable=not (cfg.progress and accelerator.is_main_process), unit="step", dynamic_ncols=True)
 
-    window_losses: list[torch.Tensor] = []  # this rank's batch losses since the last log, with their step numbers
-    window_steps: list[int] = []
+    # This rank's batch losses since the last log, with their step numbers (restored on resume).
+    window_steps = [step for step, _ in progress.window]
+    window_losses = [torch.tensor(loss, device=accelerator.device) for _, loss in progress.window]
     samples_seen, eval_seconds, skipped_steps = 0, 0.0, 0
     val: dict = {}
     improved_at = -1  # step of the last validation that improved the best loss
@@ -196,6 +197,7 @@ def _train(cfg: TrainConfig, signals: StopSignals) -> dict:
 
     def checkpoint() -> Path:
         health()  # never save a checkpoint over a NaN: raises if the loss went non-finite since the last check
+        progress.window = [(step, loss.item()) for step, loss in zip(window_steps, window_losses)]
         return save_checkpoint(accelerator, run_dir, progress.step, cfg.keep_checkpoints, is_best=improved_at == progress.step)
 
     loop_start = window_start = time.perf_counter()
