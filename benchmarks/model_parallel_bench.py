@@ -29,9 +29,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout without installing
 
-from anytrain import TrainConfig  # noqa: E402
-from anytrain.model_parallel import PipelinedTwoStageModel, TwoStageModel, count_params, pick_devices  # noqa: E402
-from anytrain.models import build_model  # noqa: E402
+from anytrain import TrainConfig
+from anytrain.model_parallel import PipelinedTwoStageModel, TwoStageModel, count_params, pick_devices
+from anytrain.models import build_model
 
 # Sizes per device kind: a few seconds per variant on a 2-core CPU; big enough to keep a GPU busy.
 PRESETS = {

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout without installing
 
-from anytrain import TrainConfig  # noqa: E402
-from anytrain.config import ConfigError  # noqa: E402
-from anytrain.model_parallel import train_model_parallel  # noqa: E402
+from anytrain import TrainConfig
+from anytrain.config import ConfigError
+from anytrain.model_parallel import train_model_parallel
 
 
 def main() -> None:

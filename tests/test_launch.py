@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from anytrain.optim import lr_factor
-from anytrain.config import TrainConfig
 from conftest import launch, read_metrics, read_summary
+
+from anytrain.config import TrainConfig
+from anytrain.optim import lr_factor
 
 pytestmark = pytest.mark.launch
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, TRAIN, free_port, read_metrics, read_summary
 
 from anytrain import TrainConfig, load_model
 from anytrain.trainer import NonFiniteLoss, train
-from conftest import ROOT, TRAIN, free_port, read_metrics, read_summary
 
 TIMEOUT = 240
 # Slow enough per step (a 256-wide MLP on 2 cores) that a kill lands mid-run; dropout on, so the
@@ -138,7 +138,7 @@ def test_resume_continues_training_after_more_epochs_are_asked_for(tmp_path):
     train(_cfg(tmp_path, "short", epochs=3, schedule="constant", log_every_steps=7, resume="latest"))
     train(_cfg(tmp_path, "long", epochs=3, schedule="constant", log_every_steps=7))
     assert_same_weights(tmp_path / "short", tmp_path / "long")
-    train_log = lambda name: [(m["step"], m["loss"]) for m in read_metrics(tmp_path / name) if m["kind"] == "train"]  # noqa: E731
+    train_log = lambda name: [(m["step"], m["loss"]) for m in read_metrics(tmp_path / name) if m["kind"] == "train"]
     assert train_log("short") == train_log("long")
 
 

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 import yaml
+from conftest import read_metrics, read_summary
 
 from anytrain import TrainConfig, load_model
 from anytrain.optim import lr_factor
 from anytrain.trainer import train
-from conftest import read_metrics, read_summary
 
 FAST = dict(epochs=2, progress=False, hidden_sizes=[32], log_every_steps=1)
 

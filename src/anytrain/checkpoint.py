@@ -12,14 +12,16 @@ so a kill during a save leaves the previous checkpoint and the pointers intact.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import yaml
 
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, save_config
 
 CHECKPOINTS = "checkpoints"
 # Options that may differ between a checkpoint and the run resuming it: they change how long or
@@ -159,3 +161,30 @@ def check_writable(run_dir: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"--output-dir: cannot write to {run_dir}: {e.strerror or e}") from None
+
+
+def load_checkpoint(accelerator, checkpoint: Path, cfg: TrainConfig) -> None:
+    """Check the checkpoint was made with a compatible config, then restore every registered object."""
+    saved = torch.load(checkpoint / "custom_checkpoint_0.pkl", weights_only=False)  # our Progress, written by us
+    check_compatible(saved.get("config", {}), cfg, checkpoint)
+    try:
+        accelerator.load_state(str(checkpoint))
+    except Exception as e:
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"--resume: cannot load checkpoint {checkpoint}: {type(e).__name__}: {first_line}") from None
+
+
+def start_run_folder(run_dir: Path, cfg: TrainConfig, resumed_at_step: int | None) -> None:
+    """Main process: a fresh run clears the previous run's outputs (check_run_folder allowed it);
+    a resumed one drops what the interrupted run logged after its checkpoint, about to be redone."""
+    if resumed_at_step is None:
+        shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
+        for stale in ("metrics.jsonl", "summary.json"):
+            (run_dir / stale).unlink(missing_ok=True)
+    else:
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists():
+            kept = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] <= resumed_at_step]
+            metrics.write_text("".join(line + "\n" for line in kept))
+        (run_dir / "summary.json").unlink(missing_ok=True)
+    save_config(cfg, run_dir / "config.yaml")

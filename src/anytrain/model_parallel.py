@@ -26,14 +26,14 @@ import os
 import sys
 import time
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
-from .config import FIELDS, CHOICES, ConfigError, TrainConfig, validate
+from .config import CHOICES, FIELDS, ConfigError, TrainConfig, validate
 
 MODES = ("single", "naive", "pipelined")
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -15,8 +13,16 @@ from accelerate.utils import gather_object, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
-from .checkpoint import Progress, check_compatible, check_run_folder, check_writable, find_resume_checkpoint, save_checkpoint
-from .config import ConfigError, TrainConfig, save_config
+from .checkpoint import (
+    Progress,
+    check_run_folder,
+    check_writable,
+    find_resume_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    start_run_folder,
+)
+from .config import ConfigError, TrainConfig
 from .data import DataSplits, load_splits, make_loader
 from .models import build_model
 from .optim import build_optimizer, build_scheduler
@@ -86,13 +92,6 @@ class StopSignals:
             signal.signal(s, handler)
 
 
-def trim_metrics(path: Path, last_step: int) -> None:
-    """On resume, drop what the interrupted run logged after the checkpoint; it is about to be redone."""
-    if path.exists():
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
-        path.write_text("".join(line + "\n" for line in kept))
-
-
 def train(cfg: TrainConfig) -> dict:
     signals = StopSignals()
     try:
@@ -132,26 +131,11 @@ def _train(cfg: TrainConfig, signals: StopSignals) -> dict:
     accelerator.register_for_checkpointing(progress, scheduler)
 
     if resume_from is not None:
-        saved = torch.load(resume_from / "custom_checkpoint_0.pkl", weights_only=False)
-        check_compatible(saved.get("config", {}), cfg, resume_from)
-        try:
-            accelerator.load_state(str(resume_from))
-        except Exception as e:
-            raise ConfigError(f"--resume: cannot load checkpoint {resume_from}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        load_checkpoint(accelerator, resume_from, cfg)  # restores progress and scheduler too
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        if resume_from is None:
-            for stale in ("metrics.jsonl", "summary.json", "checkpoints"):
-                path = run_dir / stale
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
-        else:
-            trim_metrics(run_dir / "metrics.jsonl", progress.step)
-            (run_dir / "summary.json").unlink(missing_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
+        start_run_folder(run_dir, cfg, resumed_at_step=progress.step if resume_from else None)
     log = MetricsLog(run_dir / "metrics.jsonl" if accelerator.is_main_process else None)
     bar = tqdm(total=total_steps, initial=progress.step, disable=not (cfg.progress and accelerator.is_main_process), unit="step", dynamic_ncols=True)
 
