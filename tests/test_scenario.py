@@ -42,3 +42,9 @@ def test_a_multi_cpu_launch_that_started_one_process_says_so(monkeypatch):
     scenario = describe(make_accelerator(TrainConfig()))
     assert scenario["num_processes"] == 1
     assert any("starts only one" in w and "multi_cpu.yaml" in w for w in scenario["warnings"])
+
+
+def test_fsdp_config_without_gpus_says_it_runs_plain_data_parallel(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` sets for fsdp.yaml
+    scenario = describe(make_accelerator(TrainConfig()))
+    assert any("FSDP was requested but runs only on GPUs" in w for w in scenario["warnings"])

@@ -16,7 +16,7 @@ import sys
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
+from accelerate.utils import DataLoaderConfiguration, DistributedType, InitProcessGroupKwargs
 
 from .config import TrainConfig
 
@@ -77,6 +77,8 @@ def describe(accelerator: Accelerator) -> dict:
         warnings.append(f"bf16 was requested but is not available on {accelerator.device.type}: training in fp32")
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "false" and not torch.cuda.is_available():
         warnings.append("the accelerate config asks for GPUs but this machine has no CUDA device: training on the CPU")
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and state.distributed_type != DistributedType.FSDP:
+        warnings.append(f"FSDP was requested but runs only on GPUs: training with {state.distributed_type.value} (every rank holds the whole model)")
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
         raise LaunchError(
