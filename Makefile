@@ -24,6 +24,11 @@ train: install
 test: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Benchmark (docs/benchmarks.md): interleaved runs, figures in bench_out/ (JSON, PNG, log), and the
+# generated block of docs/benchmarks.md plus docs/benchmarks.png rewritten. BENCH_ARGS="--rounds 1" for a quick look.
+bench: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python benchmarks/bench.py --out bench_out --docs docs $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) runs .pytest_cache
 

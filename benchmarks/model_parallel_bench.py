@@ -36,8 +36,8 @@ from anytrain.models import build_model
 # Sizes per device kind: a few seconds per variant on a 2-core CPU; big enough to keep a GPU busy.
 PRESETS = {
     # On the CPU both "devices" are the same cores; one thread keeps the figures steady on a shared machine.
-    "cpu": dict(width=1024, layers=8, batch_size=256, steps=2, rounds=7, threads=1),
-    "cuda": dict(width=8192, layers=8, batch_size=1024, steps=10, rounds=5, threads=0),
+    "cpu": {"width": 1024, "layers": 8, "batch_size": 256, "steps": 2, "rounds": 7, "threads": 1},
+    "cuda": {"width": 8192, "layers": 8, "batch_size": 1024, "steps": 10, "rounds": 5, "threads": 0},
 }
 
 

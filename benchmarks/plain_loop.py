@@ -1,0 +1,106 @@
+"""The limit the trainer is measured against: a plain PyTorch loop over preloaded tensors.
+
+Same model (anytrain's model registry), same data (anytrain's loading, done once, before the
+clock starts), same recipe as the trainer's defaults (AdamW, warm-up + cosine LR, gradient
+clipping), same batch size and steps, but no accelerate, no DataLoader, no logging files: each
+batch is one fancy-index into the preloaded tensors. It logs the same step windows as the
+trainer's metrics.jsonl (every --log-every-steps steps) so the two can be compared window by
+window.
+
+    OMP_NUM_THREADS=2 python benchmarks/plain_loop.py --json out.json [--flush-denormal] [trainer options ...]
+
+The trainer options are parsed by anytrain's own parser, so both sides read the same flags.
+--flush-denormal calls torch.set_flush_denormal(True) first: pass it (bench.py: PLAIN_FLUSH_DENORMAL)
+once the trainer does the same on CPU, so that both sides do the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+T0 = time.perf_counter()
+
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout without installing
+
+import torch
+from torch import nn
+
+from anytrain.config import parse_config
+from anytrain.data import load_splits
+from anytrain.models import build_model
+from anytrain.optim import lr_factor
+
+
+def main(argv: list[str]) -> None:
+    out = argv[argv.index("--json") + 1]
+    argv = [a for i, a in enumerate(argv) if a != "--json" and (i == 0 or argv[i - 1] != "--json")]
+    if "--flush-denormal" in argv:
+        torch.set_flush_denormal(True)
+    argv = [a for a in argv if a not in ("--no-progress", "--flush-denormal")]
+    cfg = parse_config(argv)
+    torch.manual_seed(cfg.seed)
+    data = load_splits(cfg)
+    x, y = data.train.inputs, data.train.targets
+    model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    n, bs = len(y), cfg.batch_size
+    steps_per_epoch = math.ceil(n / bs)
+    total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg, total_steps))
+    criterion = nn.CrossEntropyLoss()
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+
+    windows = []  # (last step of the window, samples, seconds), like the trainer's metrics.jsonl
+    running = torch.zeros(())
+    step, window_samples, first_step_at = 0, 0, None
+    loop_start = window_start = time.perf_counter()
+    model.train()
+    while step < total_steps:
+        order = torch.randperm(n, generator=shuffle)
+        for i in range(0, n, bs):
+            index = order[i : i + bs]
+            inputs, targets = x[index], y[index]
+            outputs = model(inputs)
+            loss = criterion(outputs, targets)
+            loss.backward()
+            if cfg.max_grad_norm:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+            running += loss.detach()
+            step += 1
+            window_samples += len(targets)
+            if first_step_at is None:
+                first_step_at, first_step_unix = time.perf_counter(), time.time()
+            if step % cfg.log_every_steps == 0:
+                mean_loss = running.item() / cfg.log_every_steps  # what a tutorial loop prints
+                now = time.perf_counter()
+                windows.append((step, window_samples, now - window_start))
+                running.zero_()
+                window_samples, window_start = 0, now
+            if step >= total_steps:
+                break
+    train_seconds = time.perf_counter() - loop_start
+    result = {
+        "windows": windows,
+        "steps": step,
+        "steps_per_epoch": steps_per_epoch,
+        "train_seconds": train_seconds,
+        "samples_per_s": sum(w[1] for w in windows) / sum(w[2] for w in windows) if windows else None,
+        "import_to_first_step_s": first_step_at - T0,
+        "first_step_unix": first_step_unix,
+        "threads": torch.get_num_threads(),
+        "last_loss": mean_loss if windows else None,
+    }
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
