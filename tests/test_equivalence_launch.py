@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -45,7 +44,6 @@ COMMON = dict(DATA, hidden_sizes=[32], dropout=0.0, schedule="cosine", warmup_st
 SGD = dict(COMMON, optimizer="sgd", lr=0.05, epochs=12, early_stopping_patience=1, early_stopping_min_delta=0.01)
 ADAMW = dict(COMMON, optimizer="adamw", lr=3e-3, epochs=3)
 WEIGHT_TOL = 1e-6  # measured max abs diff: 6e-8 (SGD), 4.5e-8 (AdamW + accumulation)
-TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 def flags(options: dict) -> list[str]:
@@ -69,16 +67,9 @@ def train_log(run_dir) -> list[dict]:
     return [m for m in read_metrics(run_dir) if m["kind"] == "train"]
 
 
-def assert_finished(returncode: int, output: str, run_dir: Path) -> None:
-    """The run succeeded. Tolerated, with a warning: a rank that aborted at interpreter exit after the run
-    had written everything (gloo worker thread vs Python finalization, see docs/equivalence.md); the
-    launcher then exits 1. Remove once train.py ends multi-process ranks without finalization."""
-    if returncode == 0:
-        return
-    if TEARDOWN_ABORT in output and (run_dir / "summary.json").exists():
-        warnings.warn(f"a rank aborted at exit after finishing {run_dir.name} (known gloo teardown race)")
-        return
-    pytest.fail(f"launch failed with exit code {returncode}:\n{output[-4000:]}")
+def assert_finished(returncode: int, output: str) -> None:
+    if returncode != 0:
+        pytest.fail(f"launch failed with exit code {returncode}:\n{output[-4000:]}")
 
 
 def write_cluster_config(path: Path, **answers) -> Path:
@@ -151,7 +142,7 @@ def two_ranks_sgd(tmp_path_factory) -> tuple[dict, Path, subprocess.CompletedPro
         root / "wizard_multi_gpu.yaml", distributed_type="MULTI_GPU", num_processes=2, gpu_ids="all", use_cpu=False
     )
     out = launch(str(config), *flags(SGD), "--batch-size", "16", "--output-dir", str(root / "run"))
-    assert_finished(out.returncode, out.stdout + out.stderr, root / "run")
+    assert_finished(out.returncode, out.stdout + out.stderr)
     return read_summary(root / "run"), root / "run", out
 
 
@@ -221,7 +212,7 @@ def test_two_ranks_with_accumulation_equal_one_rank_adamw(tmp_path, one_rank):
     Each optimizer step sees the same 32 rows (rank r's k-th micro-batch is rows 16k+8r .. 16k+8r+7)."""
     run_dir = tmp_path / "run"
     out = launch("multi_cpu.yaml", *flags(ADAMW), "--batch-size", "8", "--grad-accum-steps", "2", "--output-dir", str(run_dir))
-    assert_finished(out.returncode, out.stdout + out.stderr, run_dir)
+    assert_finished(out.returncode, out.stdout + out.stderr)
     summary = read_summary(run_dir)
     assert summary["scenario"]["num_processes"] == 2 and summary["weights_sha256_per_rank"][0] == summary["weights_sha256_per_rank"][1]
     reference, reference_dir = one_rank["adamw"]
@@ -293,7 +284,7 @@ def test_two_machines_on_loopback_equal_one_machine_and_a_lonely_machine_gives_u
     lonely_seconds = time.monotonic() - lonely_started
 
     for rc, output in results:
-        assert_finished(rc, output, tmp_path / "run")
+        assert_finished(rc, output)
     summary = read_summary(tmp_path / "run")
     assert summary["scenario"]["num_processes"] == 2 and summary["scenario"]["backend"] == "gloo"
     assert summary["weights_sha256_per_rank"][0] == summary["weights_sha256_per_rank"][1]
@@ -323,7 +314,7 @@ def test_a_config_from_accelerate_config_default_trains_unchanged(tmp_path, one_
     assert made.returncode == 0 and config.exists(), made.stderr[-2000:]
     assert json.loads(config.read_text())["distributed_type"] == "NO"  # on a CPU machine: 1 process, use_cpu true
     out = launch(str(config), *flags(SGD), "--batch-size", "32", "--output-dir", str(tmp_path / "run"))
-    assert_finished(out.returncode, out.stdout + out.stderr, tmp_path / "run")
+    assert_finished(out.returncode, out.stdout + out.stderr)
     summary = read_summary(tmp_path / "run")
     assert summary["scenario"]["num_processes"] == 1 and summary["scenario"]["warnings"] == []
     _reference, reference_dir = one_rank["sgd"]
@@ -337,7 +328,7 @@ def wizard_multi_cpu(tmp_path_factory) -> tuple[dict, subprocess.CompletedProces
     root = tmp_path_factory.mktemp("wizard_multi_cpu")
     config = write_cluster_config(root / "wizard_multi_cpu.yaml", distributed_type="MULTI_CPU", num_processes=2, use_cpu=True)
     out = launch(str(config), *flags(SGD), "--batch-size", "32", "--max-steps", "4", "--output-dir", str(root / "run"), timeout=120)
-    assert_finished(out.returncode, out.stdout + out.stderr, root / "run")
+    assert_finished(out.returncode, out.stdout + out.stderr)
     return read_summary(root / "run"), out
 
 
@@ -352,9 +343,6 @@ def test_the_wizards_multi_cpu_config_starts_one_process_and_says_so(wizard_mult
     assert "anytrain: WARNING:" in out.stdout and "multi_cpu.yaml" in out.stdout
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the warning does not name the count yet: needs launcher_num_processes() in scenario.py (issue 3 report)"
-)
 def test_the_multi_cpu_warning_names_the_process_count(wizard_multi_cpu):
     summary, _ = wizard_multi_cpu
     assert any(w.startswith("2 processes were asked for but 1 started") for w in summary["scenario"]["warnings"])

@@ -156,7 +156,7 @@ def check_run_folder(cfg: TrainConfig) -> None:
 def check_writable(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
+        probe = run_dir / f".write-test-{os.getpid()}"  # one per rank: ranks probing the same folder must not race
         probe.write_text("")
         probe.unlink()
     except OSError as e:

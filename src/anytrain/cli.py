@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .config import ConfigError, exit_on_config_error, is_main_rank, parse_config
@@ -17,15 +18,16 @@ def main(argv: list[str] | None = None) -> None:
             train(cfg)
         except Preempted as stop:  # SIGTERM -> 143, SIGINT -> 130, after saving a checkpoint
             _say(f"train.py: {stop}")
-            sys.exit(stop.exit_code)
+            _exit(stop.exit_code)
         except NonFiniteLoss as err:
             _say(f"train.py: error: {err}")
-            sys.exit(1)
+            _exit(1)
     except ConfigError as err:
         exit_on_config_error(err)
     except LaunchError as err:
         _say(f"train.py: error: {err}")
-        sys.exit(1)
+        _exit(1)
+    _exit(0)
 
 
 def _say(message: str) -> None:
@@ -33,5 +35,13 @@ def _say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-if __name__ == "__main__":
-    main()
+def _exit(code: int) -> None:
+    """End a rank of a multi-process job without interpreter finalization: a gloo worker thread that
+    releases its last collective while Python shuts down can abort the rank (SIGABRT) after every
+    output was written, failing a finished job (docs/equivalence.md). Single processes exit normally."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)

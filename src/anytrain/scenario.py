@@ -63,6 +63,26 @@ def asked_for_several_cpu_processes() -> bool:
     return launcher_env and not any(k in os.environ for k in ("RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"))
 
 
+def launcher_num_processes() -> int | None:
+    """The process count given to the `accelerate launch` that started us (its flag, else its config
+    file); the single-process launcher passes it on to no one. None when it cannot be told."""
+    try:
+        import psutil  # an accelerate dependency
+        from accelerate.commands.config.config_args import load_config_from_file
+        from accelerate.commands.launch import launch_command_parser
+
+        launcher = psutil.Process(os.getppid())
+        argv = launcher.cmdline()
+        start = next(i for i, a in enumerate(argv) if a == "launch" or a.endswith("accelerate.commands.launch")) + 1
+        args, _ = launch_command_parser().parse_known_args(argv[start:])
+        if args.num_processes is None:
+            config_file = args.config_file and os.path.join(launcher.cwd(), args.config_file)
+            args.num_processes = load_config_from_file(config_file).num_processes
+        return int(args.num_processes)
+    except Exception:  # noqa: BLE001 - only a better wording is at stake
+        return None
+
+
 def describe(accelerator: Accelerator) -> dict:
     """The effective scenario, with a warning for every request that could not be honoured."""
     state = accelerator.state
@@ -87,9 +107,10 @@ def describe(accelerator: Accelerator) -> dict:
             "on CPU or accelerate_configs/multi_gpu.yaml on GPUs."
         )
     if accelerator.num_processes == 1 and asked_for_several_cpu_processes():
+        asked = launcher_num_processes()
         warnings.append(
-            "this launch asked for several CPU processes (distributed_type MULTI_CPU, or --cpu --num_processes N), "
-            "but accelerate 1.15 starts only one: training with 1 process. For 2 CPU ranks use "
+            f"{asked or 'several'} processes were asked for but 1 started: accelerate 1.15 starts only one for "
+            "distributed_type MULTI_CPU (or --cpu --num_processes N), so this trains with 1 process. For 2 CPU ranks use "
             "`accelerate launch --config_file accelerate_configs/multi_cpu.yaml`"
         )
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else None
