@@ -129,3 +129,17 @@ def test_nan_and_non_numeric_features_and_bad_labels(tmp_path):
 
 def test_hub_name_goes_through_datasets_and_fails_clearly_offline():
     assert "loading it from the hub failed" in _error(dataset="someone/no-such-dataset")
+
+
+def test_list_columns_become_rows_of_features_and_ragged_lists_are_refused(tmp_path):
+    # an image-shaped column (a 3 x 2 nested list per row) beside a scalar one, with string labels
+    rows = [{"image": [[i, i + 1], [i + 2, i + 3], [i + 4, i + 5]], "bias": -i, "label": "even" if i % 2 == 0 else "odd"} for i in range(40)]
+    (tmp_path / "images.json").write_text("\n".join(json.dumps(r) for r in rows))
+    data = load_splits(TrainConfig(dataset=str(tmp_path / "images.json")))
+    assert data.num_features == 7 and data.num_classes == 2
+    for x, y in zip(data.train.inputs.tolist(), data.train.targets.tolist()):
+        i = int(x[0])  # row i: the image's values i..i+5 in row-major order, then the scalar column
+        assert x == [i, i + 1, i + 2, i + 3, i + 4, i + 5, -i] and y == i % 2  # labels: "even" -> 0, "odd" -> 1
+    rows[3]["image"] = [[1, 2], [3]]
+    (tmp_path / "ragged.json").write_text("\n".join(json.dumps(r) for r in rows))
+    assert "lists differ in length" in _error(dataset=str(tmp_path / "ragged.json"))
