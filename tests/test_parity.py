@@ -36,6 +36,7 @@ def reference_loop(cfg: TrainConfig, *, train_loader_own_generator: bool = True)
 
     `train_loader_own_generator=False` is the tutorial's `DataLoader(...)` without a generator: each
     epoch's iterator then draws its base seed from the global RNG, which dropout also uses."""
+    torch.set_flush_denormal(True)  # as the trainer does on CPU (3x faster once values get tiny)
     set_seed(cfg.seed)  # python, numpy and torch, as the trainer does before building the model
     data = load_splits(cfg)
     model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)

@@ -4,17 +4,21 @@ stopping, loaders and run outputs. Small runs on the bundled digits or synthetic
 from __future__ import annotations
 
 import math
+import statistics
+import time
+import types
 
 import pytest
 import torch
 import yaml
 from conftest import read_metrics, read_summary
 
+import anytrain.trainer as trainer_module
 from anytrain import TrainConfig, load_model
 from anytrain.optim import lr_factor
 from anytrain.trainer import train
 
-FAST = dict(epochs=2, progress=False, hidden_sizes=[32], log_every_steps=1)
+FAST = {"epochs": 2, "progress": False, "hidden_sizes": [32], "log_every_steps": 1}
 
 
 def run(tmp_path, name="run", **overrides) -> dict:
@@ -58,7 +62,7 @@ def test_same_seed_same_run_bit_for_bit(tmp_path):
 
 def test_gradient_accumulation_equals_the_bigger_batch(tmp_path):
     # 4 x 16 with accumulate() must make the same updates as batches of 64 (no manual loss division)
-    common = dict(dataset="synthetic", synthetic_samples=640, val_fraction=0.1, test_fraction=0.1, dropout=0.0, optimizer="sgd", lr=0.05)
+    common = {"dataset": "synthetic", "synthetic_samples": 640, "val_fraction": 0.1, "test_fraction": 0.1, "dropout": 0.0, "optimizer": "sgd", "lr": 0.05}
     run(tmp_path, "accum", batch_size=16, grad_accum_steps=4, **common)  # 512 train rows = 8 full cycles per epoch
     run(tmp_path, "big", batch_size=64, **common)
     wa, wb = weights(tmp_path, "accum"), weights(tmp_path, "big")
@@ -70,7 +74,7 @@ def test_gradient_accumulation_equals_the_bigger_batch(tmp_path):
 
 def test_clipping_bounds_each_update(tmp_path):
     # plain SGD without momentum: each update is lr * clipped grad, so its norm is at most lr * max_grad_norm
-    common = dict(optimizer="sgd", momentum=0.0, weight_decay=0.0, lr=1.0, schedule="constant", warmup_steps=0, dropout=0.0, max_steps=1, epochs=1)
+    common = {"optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0, "lr": 1.0, "schedule": "constant", "warmup_steps": 0, "dropout": 0.0, "max_steps": 1, "epochs": 1}
     before = _initial_weights(tmp_path)
     run(tmp_path, "clipped", max_grad_norm=0.01, **common)
     after = weights(tmp_path, "clipped")
@@ -99,6 +103,30 @@ def test_early_stopping_with_patience_and_min_delta(tmp_path):
     assert summary["stopped_early_at_epoch"] == 2 and summary["epochs_completed"] == 3
     summary = run(tmp_path, "patient", epochs=3, early_stopping_patience=2, early_stopping_min_delta=0.0, lr=1e-3)
     assert summary["stopped_early_at_epoch"] is None and summary["epochs_completed"] == 3
+
+
+def test_logged_throughput_leaves_out_checkpoint_time(tmp_path, monkeypatch):
+    # The trainer's clock jumps 1000 s at every checkpoint (a slow disk, without the wait); a checkpoint
+    # after every step. The logged samples/s must still be the training rate: counting the pauses
+    # would cut it ~1e5x; restarting the window clock after each pause (while keeping the window's
+    # samples) would inflate it ~10x.
+    offset = [0.0]
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
+
+    def slow_save(accelerator, run_dir, step, *args, **kwargs):
+        offset[0] += 1000.0
+        return run_dir / "checkpoints" / f"step-{step}"
+
+    monkeypatch.setattr(trainer_module, "save_checkpoint", slow_save)
+    common = {"epochs": 2, "log_every_steps": 10, "hidden_sizes": [64]}  # 20 steps per epoch: 4 windows
+    run(tmp_path, "control", **common)
+    run(tmp_path, "paused", checkpoint_every_steps=1, **common)
+
+    def rates(name):
+        return [m["samples_per_s"] for m in read_metrics(tmp_path / name) if m["kind"] == "train"]
+
+    ratio = statistics.median(rates("paused")) / statistics.median(rates("control"))
+    assert 1 / 3 < ratio < 3, ratio
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])

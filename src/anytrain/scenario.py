@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import functools
 import os
 import signal
 import sys
 
+import accelerate.optimizer
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, DistributedType, InitProcessGroupKwargs
+from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs
 
 from .config import TrainConfig
 
@@ -38,6 +40,11 @@ def die_with_launcher() -> None:
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
     die_with_launcher()
+    # accelerate 1.15's optimizer.step() looks for the lomo_optim package twice per step, uncached
+    # (an importlib find_spec each time): 0.1 ms of a 2 ms step on the default model. The answer
+    # cannot change while we run, so ask once.
+    if not hasattr(accelerate.optimizer.is_lomo_available, "cache_info"):
+        accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is_lomo_available)
     return Accelerator(
         # Without CUDA, cpu=True is what makes a multi-process launch join one gloo group
         # (otherwise each process trains alone); with CUDA the config decides.
@@ -48,7 +55,12 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
         # A collective that never completes (a rank stuck or gone) fails the job after this long
         # instead of hanging it; long enough for the main process to prepare a big dataset first.
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=collective_timeout_s()))],
+        kwargs_handlers=[
+            InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=collective_timeout_s())),
+            # DDP's gradients become views into its all-reduce buckets: one copy fewer per step, and
+            # one gradient-sized buffer less memory. The numbers are unchanged.
+            DistributedDataParallelKwargs(gradient_as_bucket_view=True),
+        ],
     )
 
 
