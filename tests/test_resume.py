@@ -104,7 +104,7 @@ def test_sigterm_and_sigint_save_then_exit_with_the_conventional_code(tmp_path, 
 
 
 def _cfg(tmp_path, name="run", **kw) -> TrainConfig:
-    base = dict(epochs=2, hidden_sizes=[16], progress=False, output_dir=str(tmp_path / name))
+    base = {"epochs": 2, "hidden_sizes": [16], "progress": False, "output_dir": str(tmp_path / name)}
     return TrainConfig(**{**base, **kw})
 
 
@@ -211,7 +211,7 @@ def test_one_rank_dying_ends_the_whole_job_quickly(tmp_path):
     assert len(ranks) == 2
     killed_at = time.monotonic()
     ranks[1].kill()
-    code, err = finish(proc)
+    code, _err = finish(proc)
     elapsed = time.monotonic() - killed_at
     print(f"job exited with {code} {elapsed:.1f}s after one rank was SIGKILLed")
     assert code != 0 and elapsed < 60

@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML file with any of the options below; flags override it", default=argparse.SUPPRESS)
     for name, f in FIELDS.items():
         kind = _TYPES[name]
-        kwargs: dict = {"help": f.metadata.get("help", "") + " (default: %s)" % (_default(f),)}
+        kwargs: dict = {"help": f.metadata.get("help", "") + f" (default: {_default(f)})"}
         if name == "resume":
             kwargs.update(nargs="?", const="latest", metavar="CHECKPOINT")
         elif kind is bool:
