@@ -57,3 +57,9 @@ def read_summary(run_dir: Path) -> dict:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    """The largest absolute difference between two state dicts with the same keys."""
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)

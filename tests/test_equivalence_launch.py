@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, LAUNCH_TIMEOUT, ROOT, TRAIN, free_port, launch, read_metrics, read_summary
+from conftest import CONFIGS, LAUNCH_TIMEOUT, ROOT, TRAIN, free_port, launch, max_abs_diff, read_metrics, read_summary
 
 from anytrain import TrainConfig, load_model
 from anytrain.trainer import train
@@ -56,11 +56,6 @@ def flags(options: dict) -> list[str]:
 
 def weights(run_dir) -> dict:
     return load_model(run_dir).state_dict()
-
-
-def max_abs_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
 def train_log(run_dir) -> list[dict]:

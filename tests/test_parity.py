@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from accelerate.utils import set_seed
-from conftest import read_metrics
+from conftest import max_abs_diff, read_metrics
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
@@ -95,11 +95,6 @@ def evaluate_plain(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
             loss_sum += nn.functional.cross_entropy(out.float(), y, reduction="none").double().sum().item()
             correct += (out.argmax(-1) == y).sum().item()
     return {"loss": loss_sum / len(targets), "accuracy": correct / len(targets)}
-
-
-def max_abs_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
 def train_log(run_dir) -> list[dict]:
