@@ -96,7 +96,7 @@ def main(argv=None) -> None:
         data = load_splits(cfg)
         torch.manual_seed(cfg.seed)
         model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
-        optimizer = build_optimizer(cfg, model.parameters())
+        optimizer = build_optimizer(cfg, model)
         model, optimizer = accelerator.prepare(model, optimizer)
         model.train()
         rows = {s: [] for s in SETTINGS}

@@ -47,7 +47,10 @@ def main(argv: list[str]) -> None:
     data = load_splits(cfg)
     x, y = data.train.inputs, data.train.targets
     model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # weight decay on matrices only, as the trainer does (anytrain.optim.param_groups)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
     n, bs = len(y), cfg.batch_size
     steps_per_epoch = math.ceil(n / bs)
     total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,3 +65,36 @@ def max_abs_diff(a: dict, b: dict) -> float:
     """The largest absolute difference between two state dicts with the same keys."""
     assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def start_run(run_dir: Path, args: list[str], *extra: str, ranks: int = 1, env: dict | None = None) -> subprocess.Popen:
+    """A training run in the background (1 process, or `ranks` through multi_cpu.yaml), in a session of its own."""
+    if ranks == 1:
+        cmd = [sys.executable, str(TRAIN)]
+    else:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "multi_cpu.yaml"),
+               "--main_process_port", str(free_port()), str(TRAIN)]
+    return subprocess.Popen([*cmd, *args, "--output-dir", str(run_dir), *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, **(env or {})})
+
+
+def finish_run(proc: subprocess.Popen, timeout: int = LAUNCH_TIMEOUT) -> tuple[int, str]:
+    """Wait for a start_run process: (exit code, stderr); killed with its whole session on timeout."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc.returncode, err
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: int = LAUNCH_TIMEOUT) -> None:
+    """Until the run has logged `step` training lines (log every step)."""
+    deadline = time.monotonic() + timeout
+    path = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists() and sum(1 for line in path.read_text().splitlines() if '"train"' in line) >= step:
+            return
+        assert proc.poll() is None, "the run ended before the kill step"
+        time.sleep(0.02)
+    raise TimeoutError(f"step {step} not reached")

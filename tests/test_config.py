@@ -66,7 +66,7 @@ def test_bad_flags_get_one_line_and_exit_2(capsys, argv, expected):
         ("learning_rate: 0.1\n", "unknown option 'learning_rate'"),
         ("batch_size: many\n", "option 'batch_size' must be int, got 'many'"),
         ("lr: true\n", "option 'lr' must be float"),
-        ("model: transformer\n", "option 'model' must be one of mlp, cnn"),
+        ("model: transformer\n", "option 'model' must be one of auto, mlp, cnn, gpt"),
         ("- just\n- a list\n", "must hold a mapping"),
         ("lr: [1, 2\n", "is not valid YAML"),
     ],

@@ -16,11 +16,11 @@ from conftest import max_abs_diff, read_metrics
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-import anytrain.trainer as trainer_module
 from anytrain import TrainConfig, load_model
 from anytrain.data import load_splits
 from anytrain.models import build_model
 from anytrain.optim import build_optimizer, build_scheduler, lr_factor
+from anytrain.tasks import Classification
 from anytrain.trainer import train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -40,7 +40,7 @@ def reference_loop(cfg: TrainConfig, *, train_loader_own_generator: bool = True)
     set_seed(cfg.seed)  # python, numpy and torch, as the trainer does before building the model
     data = load_splits(cfg)
     model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
-    optimizer = build_optimizer(cfg, model.parameters())
+    optimizer = build_optimizer(cfg, model)
     train_set = TensorDataset(data.train.inputs, data.train.targets)
     val_loader = DataLoader(TensorDataset(data.validation.inputs, data.validation.targets), batch_size=cfg.batch_size)
     n = len(train_set)
@@ -204,15 +204,15 @@ def test_adamw_accumulation_on_one_process_equals_the_bigger_batch(tmp_path):
 def linear_output_dtypes(monkeypatch):
     """Records the dtype of the first Linear layer's output on every forward of the trained model."""
     seen: list[torch.dtype] = []
-    original = trainer_module.build_model
+    original = Classification.build_model
 
-    def build_and_watch(*args, **kwargs):
-        model = original(*args, **kwargs)
+    def build_and_watch(self, *args, **kwargs):
+        model = original(self, *args, **kwargs)
         first_linear = next(m for m in model if isinstance(m, nn.Linear))
         first_linear.register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
         return model
 
-    monkeypatch.setattr(trainer_module, "build_model", build_and_watch)
+    monkeypatch.setattr(Classification, "build_model", build_and_watch)
     return seen
 
 

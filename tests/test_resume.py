@@ -7,13 +7,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TRAIN, free_port, read_metrics, read_summary
+from conftest import finish_run, read_metrics, read_summary, start_run, wait_for_step
 
 from anytrain import TrainConfig, load_model
 from anytrain.trainer import NonFiniteLoss, train
@@ -26,33 +25,11 @@ RUN = ["--dataset", "synthetic", "--synthetic-samples", "2600", "--hidden-sizes"
 
 
 def start(run_dir: Path, *extra: str, ranks: int = 1) -> subprocess.Popen:
-    if ranks == 1:
-        cmd = [sys.executable, str(TRAIN)]
-    else:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / "multi_cpu.yaml"),
-               "--main_process_port", str(free_port()), str(TRAIN)]
-    return subprocess.Popen([*cmd, *RUN, "--output-dir", str(run_dir), *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return start_run(run_dir, RUN, *extra, ranks=ranks)
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    return proc.returncode, err
-
-
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    path = run_dir / "metrics.jsonl"
-    while time.monotonic() < deadline:
-        if path.exists() and sum(1 for line in path.read_text().splitlines() if '"train"' in line) >= step:
-            return
-        assert proc.poll() is None, "the run ended before the kill step"
-        time.sleep(0.02)
-    raise TimeoutError(f"step {step} not reached")
+    return finish_run(proc, TIMEOUT)
 
 
 def assert_same_weights(a: Path, b: Path) -> None:

@@ -46,8 +46,7 @@ class Progress:
     evals_without_improvement: int = 0
     window: list = field(default_factory=list)  # (step, loss) of batches not yet logged, so the next log line is exact
     config: dict = field(default_factory=dict)
-    num_features: int = 0
-    num_classes: int = 0
+    data: dict = field(default_factory=dict)  # the task's facts about the data (features and classes, or vocabulary and tokens)
 
     def state_dict(self) -> dict:
         return dict(self.__dict__)
@@ -124,6 +123,11 @@ def find_resume_checkpoint(cfg: TrainConfig) -> Path:
 
 def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path) -> None:
     current = cfg.to_dict()
+    if current["task"] == "lm" and current["block_size"] > saved.get("block_size", current["block_size"]):
+        raise ConfigError(
+            f"--block-size {current['block_size']} is beyond the positional table of the model in {checkpoint} "
+            f"({saved['block_size']} positions); resume with --block-size {saved['block_size']}"
+        )
     differing = sorted(k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k])
     if differing:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in differing)

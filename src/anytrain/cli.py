@@ -1,4 +1,5 @@
-"""Command-line entry: `accelerate launch src/train.py [options]` (or the `anytrain` script)."""
+"""Command-line entry: `accelerate launch src/train.py [options]`, or the `anytrain` script:
+`anytrain [train] [options]` trains, `anytrain sample RUN_DIR ...` prints text from a language model."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ from .scenario import LaunchError
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["sample"]:
+        from .sample import main as sample_main
+
+        return sample_main(argv[1:])
+    if argv[:1] == ["train"]:
+        argv = argv[1:]
     try:
         cfg = parse_config(argv)
         from .trainer import NonFiniteLoss, Preempted, train  # imported late so `--help` and bad flags answer fast

@@ -24,7 +24,8 @@ class ConfigError(ValueError):
 @dataclass
 class TrainConfig:
     # --- data ---
-    dataset: str = field(default="digits", metadata={"help": "'digits' (bundled UCI digits), 'synthetic', a local parquet/csv/json file or save_to_disk folder, or a hub dataset name"})
+    task: str = field(default="auto", metadata={"help": "classify or lm (next-token language modelling); auto = lm for text data (shakespeare, .txt, --text-column) or --model gpt, else classify"})
+    dataset: str = field(default="digits", metadata={"help": "'digits' (bundled UCI digits), 'shakespeare' (bundled Tiny Shakespeare), 'synthetic', a local parquet/csv/json/txt file, a folder of them or a save_to_disk folder, or a hub dataset name"})
     input_columns: list[str] = field(default_factory=list, metadata={"help": "feature columns (numbers or fixed-length lists of numbers); empty = every column but the label"})
     label_column: str = field(default="label", metadata={"help": "column holding the integer (or string) class label"})
     num_classes: int = field(default=0, metadata={"help": "number of classes; 0 = from the label feature or max label + 1"})
@@ -33,11 +34,18 @@ class TrainConfig:
     synthetic_samples: int = field(default=20000, metadata={"help": "rows of the 'synthetic' dataset"})
     synthetic_features: int = field(default=64, metadata={"help": "features of the 'synthetic' dataset"})
     synthetic_classes: int = field(default=10, metadata={"help": "classes of the 'synthetic' dataset"})
+    text_column: str = field(default="", metadata={"help": "lm: column holding the text of a parquet/json/csv/hub dataset (empty = 'text')"})
+    vocab: str = field(default="auto", metadata={"help": "lm: char (the training text's characters), byte (UTF-8 bytes, 256 tokens) or auto (char when the training alphabet has at most 256 characters and covers the validation text)"})
+    block_size: int = field(default=64, metadata={"help": "lm: context length in tokens (each training window holds block_size + 1 tokens)"})
+    eval_windows: int = field(default=0, metadata={"help": "lm: validation windows per evaluation; 0 = every non-overlapping window of the validation text"})
     # --- model ---
-    model: str = field(default="mlp", metadata={"help": "model from the registry: mlp or cnn"})
+    model: str = field(default="auto", metadata={"help": "model from the registry: mlp, cnn (classify) or gpt (lm); auto = mlp for classify, gpt for lm"})
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256], metadata={"help": "MLP hidden layer widths"})
     channels: list[int] = field(default_factory=lambda: [16, 32], metadata={"help": "CNN conv channels (inputs must form a square image)"})
-    dropout: float = field(default=0.2, metadata={"help": "dropout after each hidden layer"})
+    n_layer: int = field(default=4, metadata={"help": "gpt: transformer blocks"})
+    n_head: int = field(default=4, metadata={"help": "gpt: attention heads per block (must divide n_embd)"})
+    n_embd: int = field(default=128, metadata={"help": "gpt: embedding width"})
+    dropout: float = field(default=0.2, metadata={"help": "dropout after each hidden layer (gpt: on embeddings, attention and residuals)"})
     # --- optimisation ---
     epochs: int = field(default=40, metadata={"help": "passes over the training split"})
     max_steps: int = field(default=0, metadata={"help": "stop after this many optimizer steps; 0 = no limit"})
@@ -45,8 +53,11 @@ class TrainConfig:
     optimizer: str = field(default="adamw", metadata={"help": "adamw or sgd"})
     lr: float = field(default=3e-3, metadata={"help": "peak learning rate"})
     momentum: float = field(default=0.9, metadata={"help": "SGD momentum"})
-    weight_decay: float = field(default=0.1, metadata={"help": "weight decay (decoupled for AdamW)"})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
+    weight_decay: float = field(default=0.1, metadata={"help": "weight decay (decoupled for AdamW), applied to weight matrices and embeddings only, not to biases or norms"})
     schedule: str = field(default="cosine", metadata={"help": "constant, step or cosine (all with linear warm-up), counted in optimizer steps"})
+    min_lr: float = field(default=0.0, metadata={"help": "cosine schedule: the learning rate it decays to at the last step"})
     warmup_steps: int = field(default=20, metadata={"help": "optimizer steps of linear warm-up from 0 to lr"})
     step_size: int = field(default=100, metadata={"help": "'step' schedule: multiply the lr by gamma every step_size optimizer steps"})
     gamma: float = field(default=0.5, metadata={"help": "'step' schedule: decay factor"})
@@ -70,14 +81,34 @@ class TrainConfig:
     overwrite: bool = field(default=False, metadata={"help": "replace an existing run in --output-dir (otherwise refused)"})
     progress: bool = field(default=True, metadata={"help": "show a tqdm progress bar (main process only)"})
 
+    def __post_init__(self):
+        # "auto" is settled here, once, so config.yaml and checkpoints hold what really ran.
+        if self.task == "auto":
+            self.task = "lm" if self.model == "gpt" or is_text_dataset(self.dataset, self.text_column) else "classify"
+        if self.model == "auto":
+            self.model = "gpt" if self.task == "lm" else "mlp"
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+TEXT_SUFFIXES = (".txt",)
+
+
+def is_text_dataset(dataset: str, text_column: str) -> bool:
+    """Plain text to model: the bundled Shakespeare, a .txt file, a folder holding .txt files, or a named text column."""
+    if dataset == "shakespeare" or text_column or dataset.lower().endswith(TEXT_SUFFIXES):
+        return True
+    path = Path(dataset).expanduser()
+    return path.is_dir() and any(p.suffix.lower() in TEXT_SUFFIXES for p in path.rglob("*") if p.is_file())
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _TYPES = typing.get_type_hints(TrainConfig)
 CHOICES = {
-    "model": ("mlp", "cnn"),
+    "task": ("auto", "classify", "lm"),
+    "model": ("auto", "mlp", "cnn", "gpt"),
+    "vocab": ("auto", "char", "byte"),
     "optimizer": ("adamw", "sgd"),
     "schedule": ("constant", "step", "cosine"),
 }
@@ -101,7 +132,7 @@ class _OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(
         prog="train.py",
-        description="Train a classifier with one plain PyTorch loop; the hardware comes from `accelerate launch`.",
+        description="Train a classifier or a language model with one plain PyTorch loop; the hardware comes from `accelerate launch`. `anytrain sample RUN_DIR` prints text from a trained language model.",
         formatter_class=argparse.HelpFormatter,
         # Defaults are applied after the YAML file, so flags only override what the user typed.
         argument_default=argparse.SUPPRESS,
@@ -177,8 +208,8 @@ def load_yaml(path: str) -> dict:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Range checks that need no data; data-dependent checks happen in data.py."""
-    positive = ["epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size"]
-    non_negative = ["checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta"]
+    positive = ["epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd"]
+    non_negative = ["checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{_flag(name)} must be positive, got {getattr(cfg, name)}")
@@ -187,6 +218,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{_flag(name)} must not be negative, got {getattr(cfg, name)}")
     if not cfg.lr > 0:
         raise ConfigError(f"--lr must be positive, got {cfg.lr}")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(cfg, name) < 1:
+            raise ConfigError(f"{_flag(name)} must be in [0, 1), got {getattr(cfg, name)}")
+    if cfg.min_lr > cfg.lr:
+        raise ConfigError(f"--min-lr ({cfg.min_lr}) must not exceed --lr ({cfg.lr})")
+    if cfg.n_embd % cfg.n_head:
+        raise ConfigError(f"--n-head ({cfg.n_head}) must divide --n-embd ({cfg.n_embd})")
+    models = {"classify": ("mlp", "cnn"), "lm": ("gpt",)}[cfg.task]
+    if cfg.model not in models:
+        raise ConfigError(f"--model {cfg.model} does not fit --task {cfg.task} (choose {' or '.join(models)})")
     if cfg.synthetic_classes < 2:
         raise ConfigError(f"--synthetic-classes must be at least 2, got {cfg.synthetic_classes}")
     if not 0 < cfg.gamma <= 1:

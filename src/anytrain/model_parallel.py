@@ -282,7 +282,7 @@ def train_model_parallel(
     model = split_model(model, mode, split_at, micro_batches, devices)
     say(placement(model))
     first, last = input_output_devices(model)
-    optimizer = build_optimizer(cfg, model.parameters())
+    optimizer = build_optimizer(cfg, model)
     train_loader, sampler = make_train_loader(data.train, cfg)
     val_loader = make_loader(data.validation, cfg, shuffle=False)
     test_loader = make_loader(data.test, cfg, shuffle=False)
@@ -347,7 +347,7 @@ def save_run(model: nn.Module, summary: dict, cfg: TrainConfig, output_dir: str)
     run_dir = Path(output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     merged = model.to_sequential() if isinstance(model, TwoStageModel) else model
-    save_weights(merged.state_dict(), run_dir / WEIGHTS, cfg, summary["num_features"], summary["num_classes"])
+    save_weights(merged.state_dict(), run_dir / WEIGHTS, cfg, {"num_features": str(summary["num_features"]), "num_classes": str(summary["num_classes"])})
     write_json(run_dir / "summary.json", summary)
 
 
@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             kwargs["type"] = kind
             if name in CHOICES:
-                kwargs["choices"] = CHOICES[name]
+                kwargs["choices"] = ("mlp", "cnn") if name == "model" else CHOICES[name]  # flat classifiers only
         parser.add_argument("--" + name.replace("_", "-"), dest=name, **kwargs)
     return parser
 

@@ -1,6 +1,7 @@
-"""Models by name. Each is a flat nn.Sequential (so the model-parallel module can cut it at any
-layer) whose first layer standardises raw features with the training split's statistics: the
-saved weights then work on raw data, with no separate preprocessing file to lose."""
+"""Classifiers by name (`--model mlp|cnn`; the language model, `--model gpt`, is in gpt.py). Each
+is a flat nn.Sequential (so the model-parallel module can cut it at any layer) whose first layer
+standardises raw features with the training split's statistics: the saved weights then work on
+raw data, with no separate preprocessing file to lose."""
 
 from __future__ import annotations
 

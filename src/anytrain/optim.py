@@ -5,14 +5,29 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from .config import TrainConfig
 
 
-def build_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices and embeddings (2-D and up) only: decaying biases and norm gains
+    towards zero only hurts (the GPT-2 / nanoGPT recipe, and the usual practice elsewhere)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module, device_type: str = "cpu") -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg.weight_decay)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    # One fused kernel for all parameters on a GPU; on the CPU torch's default implementation.
+    fused = {"fused": True} if device_type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), **fused)
 
 
 def lr_factor(step: int, cfg: TrainConfig, total_steps: int) -> float:
@@ -24,7 +39,8 @@ def lr_factor(step: int, cfg: TrainConfig, total_steps: int) -> float:
         return cfg.gamma ** (after // cfg.step_size)
     if cfg.schedule == "cosine":
         progress = min(1.0, after / max(1, total_steps - cfg.warmup_steps))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
+        floor = cfg.min_lr / cfg.lr  # cosine from lr down to min_lr at the last step
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     return 1.0
 
 

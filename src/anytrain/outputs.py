@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, safe_open, save_file
 
 from .config import FIELDS, TrainConfig
-from .models import build_model
+from .tasks import get_task
 
 WEIGHTS = "model.safetensors"
 
@@ -34,23 +34,29 @@ class MetricsLog:
             self.file.close()
 
 
-def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, num_features: int, num_classes: int) -> None:
-    """safetensors file whose metadata says how to rebuild the model (see load_model)."""
+def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, data_metadata: dict) -> None:
+    """safetensors file whose metadata says how to rebuild the model (see load_model): the config,
+    and the task's data facts (features and classes, or the vocabulary)."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
-    metadata = {"anytrain_config": json.dumps(cfg.to_dict()), "num_features": str(num_features), "num_classes": str(num_classes)}
-    save_file(tensors, str(path), metadata=metadata)
+    save_file(tensors, str(path), metadata={"anytrain_config": json.dumps(cfg.to_dict()), **data_metadata})
 
 
-def load_model(path: str | Path) -> torch.nn.Sequential:
-    """Rebuild the trained model from a run folder (or its model.safetensors), ready for inference on raw features."""
+def read_weights_metadata(path: str | Path) -> tuple[Path, TrainConfig, dict]:
+    """(weights file, the config it was trained with, its metadata) of a run folder or model.safetensors."""
     path = Path(path)
     if path.is_dir():
         path = path / WEIGHTS
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
     saved = json.loads(meta["anytrain_config"])
-    cfg = TrainConfig(**{k: v for k, v in saved.items() if k in FIELDS})
-    model = build_model(cfg, int(meta["num_features"]), int(meta["num_classes"]))
+    return path, TrainConfig(**{k: v for k, v in saved.items() if k in FIELDS}), meta
+
+
+def load_model(path: str | Path) -> torch.nn.Module:
+    """Rebuild the trained model from a run folder (or its model.safetensors), ready for inference
+    (a classifier on raw features, a GPT on token ids)."""
+    path, cfg, meta = read_weights_metadata(path)
+    model = get_task(cfg).model_from_metadata(cfg, meta)
     model.load_state_dict(load_file(str(path)))
     return model.eval()
 

@@ -12,8 +12,11 @@ import ctypes
 import datetime
 import functools
 import os
+import shutil
 import signal
 import sys
+import sysconfig
+from pathlib import Path
 
 import accelerate.optimizer
 import torch
@@ -45,6 +48,9 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     # cannot change while we run, so ask once.
     if not hasattr(accelerate.optimizer.is_lomo_available, "cache_info"):
         accelerate.optimizer.is_lomo_available = functools.cache(accelerate.optimizer.is_lomo_available)
+    # torch.compile comes from the accelerate config (dynamo_config); if the machine cannot compile,
+    # run eager rather than fail with a long traceback at the first step (describe() says so).
+    eager = {"dynamo_backend": "no"} if compile_problem() else {}
     return Accelerator(
         # Without CUDA, cpu=True is what makes a multi-process launch join one gloo group
         # (otherwise each process trains alone); with CUDA the config decides.
@@ -61,7 +67,29 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
             # one gradient-sized buffer less memory. The numbers are unchanged.
             DistributedDataParallelKwargs(gradient_as_bucket_view=True),
         ],
+        **eager,
     )
+
+
+def requested_compile_backend() -> str:
+    """The torch.compile backend the accelerate config asks for ('no' when none)."""
+    return os.environ.get("ACCELERATE_DYNAMO_BACKEND", "no").lower()
+
+
+def compile_problem() -> str | None:
+    """Why the requested inductor compilation cannot work on this machine, or None."""
+    if requested_compile_backend() != "inductor":
+        return None
+    if torch.cuda.is_available():
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "TorchInductor on the GPU needs the triton package, which is not installed"
+    compiler = os.environ.get("CXX", "g++")
+    if shutil.which(compiler) is None:
+        return f"TorchInductor on the CPU needs a C++ compiler and '{compiler}' was not found (install g++ or set CXX)"
+    if not Path(sysconfig.get_paths()["include"], "Python.h").exists():
+        return "TorchInductor on the CPU needs the Python development headers (Python.h), which are not installed"
+    return None
 
 
 def collective_timeout_s() -> int:
@@ -107,6 +135,10 @@ def describe(accelerator: Accelerator) -> dict:
     elif requested_precision == "bf16" and not accelerator.native_amp:
         precision = "fp32"
         warnings.append(f"bf16 was requested but is not available on {accelerator.device.type}: training in fp32")
+    problem = compile_problem()
+    if problem:
+        warnings.append(f"torch.compile ({requested_compile_backend()}) was requested but {problem}: running eager")
+    compiled = str(state.dynamo_plugin.backend.value).lower() if state.dynamo_plugin.backend.value != "NO" else None
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "false" and not torch.cuda.is_available():
         warnings.append("the accelerate config asks for GPUs but this machine has no CUDA device: training on the CPU")
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and state.distributed_type != DistributedType.FSDP:
@@ -135,6 +167,7 @@ def describe(accelerator: Accelerator) -> dict:
         "mixed_precision_requested": requested_precision,
         "mixed_precision": precision,
         "cpu_threads_per_process": torch.get_num_threads(),
+        "compile": compiled,
         "torch": torch.__version__,
         "warnings": warnings,
     }
@@ -145,5 +178,6 @@ def format_scenario(s: dict) -> str:
     line = (
         f"anytrain: {group}, {s['num_processes']} process(es), device {s['device']} ({s['device_name']}), "
         f"precision {s['mixed_precision']}, {s['cpu_threads_per_process']} CPU thread(s) per process"
+        + (f", torch.compile ({s['compile']})" if s.get("compile") else "")
     )
     return "\n".join([line] + [f"anytrain: WARNING: {w}" for w in s["warnings"]])

@@ -1,4 +1,10 @@
-"""The training loop: a plain PyTorch loop plus a few accelerate calls, each commented."""
+"""The training loop: a plain PyTorch loop plus a few accelerate calls, each commented.
+
+`train()` sets the run up, `Loop.train_epoch()` holds the per-batch step, `Loop.after_step()`
+the bookkeeping of one optimizer step (log, validate, checkpoint, stop), `finish()` the test
+evaluation and the run folder. What differs between tasks (classification, language modelling)
+lives in tasks.py: the data, the model, the loss and the metric names.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,11 @@ import hashlib
 import math
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from torch import nn
 from tqdm.auto import tqdm
@@ -24,29 +32,28 @@ from .checkpoint import (
     start_run_folder,
 )
 from .config import ConfigError, TrainConfig
-from .data import DataSplits, load_splits, make_loader
-from .models import build_model
+from .data import make_loader
 from .optim import build_optimizer, build_scheduler
 from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, write_json
 from .scenario import describe, format_scenario, make_accelerator
+from .tasks import get_task, per_sample
 
 
 def evaluate(model: nn.Module, loader, accelerator) -> dict:
     """Mean loss and accuracy over the whole split, equal to a single-process evaluation."""
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
-    correct = torch.zeros((), dtype=torch.long, device=accelerator.device)
+    hit_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     count = 0
     with torch.no_grad():
         for inputs, targets in loader:
-            outputs = model(inputs)
-            losses = nn.functional.cross_entropy(outputs.float(), targets, reduction="none")
+            losses, hits = per_sample(model(inputs), targets)
             # Per-sample values, so gather_for_metrics can drop the samples padded into the last batch.
-            losses, hits = accelerator.gather_for_metrics((losses, outputs.argmax(-1) == targets))
+            losses, hits = accelerator.gather_for_metrics((losses, hits))
             loss_sum += losses.double().sum()
-            correct += hits.sum()
+            hit_sum += hits.double().sum()
             count += len(hits)
-    return {"loss": loss_sum.item() / count, "accuracy": correct.item() / count, "samples": count}
+    return {"loss": loss_sum.item() / count, "accuracy": hit_sum.item() / count, "samples": count}
 
 
 def weights_fingerprint(model: nn.Module) -> str:
@@ -56,11 +63,11 @@ def weights_fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
-def load_data(accelerator, cfg: TrainConfig) -> DataSplits:
+def load_data(accelerator, cfg: TrainConfig):
     # The main process prepares (and caches) the dataset first; the others then read the cache.
     with accelerator.main_process_first():
         try:
-            return load_splits(cfg)
+            return get_task(cfg).load_data(cfg)
         except ConfigError as err:
             error = err  # leave the context normally so no rank is left waiting at its barrier
     raise error
@@ -93,6 +100,65 @@ class StopSignals:
             signal.signal(s, handler)
 
 
+class Throughput:
+    """Samples and tokens trained per second. Evaluation and checkpoint pauses are left out, and so
+    is the first optimizer step (compilation, allocator warm-up), reported on its own."""
+
+    def __init__(self):
+        self.window_start = self.start = time.perf_counter()
+        self.window = [0, 0]  # samples, tokens since the last log line
+        self.total = [0, 0]  # since the end of the first step
+        self.paused_s = 0.0  # pauses since the end of the first step
+        self.first_step_s: float | None = None
+
+    def add(self, samples: int, tokens: int) -> None:
+        self.window[0] += samples
+        self.window[1] += tokens
+
+    def first_step_done(self) -> None:
+        self.first_step_s = time.perf_counter() - self.start
+        self.start, self.paused_s = time.perf_counter(), 0.0
+        self.total = [-self.window[0], -self.window[1]]  # what the window holds so far belongs to the first step
+
+    def take_window(self) -> tuple[int, int, float]:
+        """(samples, tokens, seconds) since the last call, then a new window."""
+        now = time.perf_counter()
+        samples, tokens = self.window
+        seconds = now - self.window_start
+        self.total = [self.total[0] + samples, self.total[1] + tokens]
+        self.window, self.window_start = [0, 0], now
+        return samples, tokens, seconds
+
+    def train_seconds(self) -> float:
+        return time.perf_counter() - self.start - self.paused_s
+
+    @contextlib.contextmanager
+    def paused(self):
+        pause_start = time.perf_counter()
+        yield
+        pause = time.perf_counter() - pause_start
+        self.window_start += pause
+        self.paused_s += pause
+
+
+@dataclass
+class Parts:
+    """Everything the loop works with, prepared by accelerate."""
+
+    accelerator: Accelerator
+    task: object
+    data: object
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_loader: object
+    val_loader: object
+    test_loader: object | None
+    progress: Progress
+    total_steps: int
+    resume_from: Path | None
+
+
 def train(cfg: TrainConfig) -> dict:
     signals = StopSignals()
     try:
@@ -112,192 +178,239 @@ def _train(cfg: TrainConfig, signals: StopSignals) -> dict:
         torch.set_flush_denormal(True)
     scenario = describe(accelerator)
     accelerator.print(format_scenario(scenario))
+    parts = setup(cfg, accelerator)
+    loop = Loop(cfg, parts, signals)
+    loop.run()
+    return finish(cfg, parts, loop, scenario, started)
+
+
+def setup(cfg: TrainConfig, accelerator: Accelerator) -> Parts:
     run_dir = Path(cfg.output_dir)
     # Every check that can refuse the run happens before anything is written.
     check_run_folder(cfg)
     resume_from = find_resume_checkpoint(cfg) if cfg.resume else None
     set_seed(cfg.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
+    task = get_task(cfg)
     data = load_data(accelerator, cfg)
     check_writable(run_dir)
 
-    model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
-    optimizer = build_optimizer(cfg, model.parameters())
-    train_loader = make_loader(data.train, cfg, shuffle=True)
-    val_loader = make_loader(data.validation, cfg, shuffle=False)
-    test_loader = make_loader(data.test, cfg, shuffle=False)
-    # Moves the model to the device, wraps it for DDP/FSDP and mixed precision, and shards the loaders by rank.
-    model, optimizer, train_loader, val_loader, test_loader = accelerator.prepare(model, optimizer, train_loader, val_loader, test_loader)
-    steps_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum_steps)  # the last, short cycle of an epoch still steps
+    model = task.build_model(cfg, data)
+    optimizer = build_optimizer(cfg, model, accelerator.device.type)
+    loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in (data.train, data.validation, data.test) if split is not None]
+    # Moves the model to the device, wraps it for DDP/FSDP, mixed precision and torch.compile, and shards the loaders by rank.
+    model, optimizer, *loaders = accelerator.prepare(model, optimizer, *loaders)
+    steps_per_epoch = math.ceil(len(loaders[0]) / cfg.grad_accum_steps)  # the last, short cycle of an epoch still steps
     total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
     scheduler = build_scheduler(cfg, optimizer, total_steps)
-    criterion = nn.CrossEntropyLoss()
-    progress = Progress(config=cfg.to_dict(), num_features=data.num_features, num_classes=data.num_classes)
+    progress = Progress(config=cfg.to_dict(), data=task.describe_data(data, model_of(accelerator, model)))
     # save_state/load_state then carry these too (model, optimizer, scaler, sampler and RNGs are built in).
     accelerator.register_for_checkpointing(progress, scheduler)
-
     if resume_from is not None:
         load_checkpoint(accelerator, resume_from, cfg)  # restores progress and scheduler too
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         start_run_folder(run_dir, cfg, resumed_at_step=progress.step if resume_from else None)
-    log = MetricsLog(run_dir / "metrics.jsonl" if accelerator.is_main_process else None)
-    bar = tqdm(total=total_steps, initial=progress.step, disable=not (cfg.progress and accelerator.is_main_process), unit="step", dynamic_ncols=True)
+    test_loader = loaders[2] if len(loaders) > 2 else None
+    return Parts(accelerator, task, data, model, optimizer, scheduler, loaders[0], loaders[1], test_loader, progress, total_steps, resume_from)
 
-    # This rank's batch losses since the last log, with their step numbers (restored on resume).
-    window_steps = [step for step, _ in progress.window]
-    window_losses = [torch.tensor(loss, device=accelerator.device) for _, loss in progress.window]
-    samples_seen, eval_seconds, skipped_steps = 0, 0.0, 0
-    val: dict = {}
-    improved_at = -1  # step of the last validation that improved the best loss
 
-    def health() -> tuple[float, int]:
-        """One all-reduce: mean training loss over ranks since the last log, and whether any rank got a stop signal."""
-        losses = torch.stack(window_losses).float() if window_losses else torch.zeros(0, device=accelerator.device)
-        local = torch.stack([losses.sum(), torch.tensor(float(len(window_losses)), device=losses.device), torch.tensor(float(signals.received > 0), device=losses.device)])
-        total = accelerator.reduce(local, "sum")
-        mean_loss = (total[0] / total[1]).item() if total[1] > 0 else float("nan")
-        if total[1] > 0 and not math.isfinite(mean_loss):
-            bad = (~torch.isfinite(losses)).nonzero()
-            first_bad = window_steps[bad[0].item()] if len(bad) else 10**12
-            first_bad = min(gather_object([first_bad]))
-            raise NonFiniteLoss(
-                f"the training loss became non-finite ({mean_loss}) at optimizer step {first_bad} (epoch {progress.epoch}); "
-                f"stopped without saving. The last good checkpoint is in {run_dir / 'checkpoints'} (try a lower --lr, then --resume)"
-            )
-        return mean_loss, int(total[2].item())
+def model_of(accelerator: Accelerator, model: nn.Module) -> nn.Module:
+    """The user's module inside accelerate's wrappers (DDP, torch.compile)."""
+    return accelerator.unwrap_model(model)
 
-    def validate() -> bool:
-        """Evaluate, log, and update early stopping; True when training should stop (same on all ranks)."""
-        nonlocal val, eval_seconds, improved_at
-        eval_start = time.perf_counter()
-        val = evaluate(model, val_loader, accelerator)
+
+class Loop:
+    """The epochs and steps of one run; its fields are the loop's state between steps."""
+
+    def __init__(self, cfg: TrainConfig, parts: Parts, signals: StopSignals):
+        self.cfg, self.parts, self.signals = cfg, parts, signals
+        self.accelerator, self.progress = parts.accelerator, parts.progress
+        self.run_dir = Path(cfg.output_dir)
+        self.criterion = parts.task.criterion()
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl" if self.accelerator.is_main_process else None)
+        self.bar = tqdm(
+            total=parts.total_steps, initial=self.progress.step, unit="step", dynamic_ncols=True,
+            disable=not (cfg.progress and self.accelerator.is_main_process),
+        )
+        # This rank's batch losses since the last log, with their step numbers (restored on resume).
+        self.window_steps = [step for step, _ in self.progress.window]
+        self.window_losses = [torch.tensor(loss, device=self.accelerator.device) for _, loss in self.progress.window]
+        self.speed = Throughput()
+        self.first_step = self.progress.step + 1
+        self.val: dict = {}
+        self.improved_at = -1  # step of the last validation that improved the best loss
+        self.skipped_steps = 0
+        self.epoch = self.progress.epoch
+        self.train_seconds = 0.0
+        self.stopped_early = self.stop_signal = self.validated = False
+
+    def run(self) -> None:
+        cfg, progress = self.cfg, self.progress
+        for epoch in range(progress.epoch, cfg.epochs if progress.step < self.parts.total_steps else 0):
+            self.epoch = progress.epoch = epoch
+            self.train_epoch(epoch)
+            with self.speed.paused():
+                self.end_epoch(epoch)
+            if self.finished():
+                break
+        self.speed.take_window()
+        self.train_seconds = self.speed.train_seconds()
+        self.bar.close()
+
+    def train_epoch(self, epoch: int) -> None:
+        accelerator, model, optimizer, cfg = self.accelerator, self.parts.model, self.parts.optimizer, self.cfg
         model.train()
-        log.write(kind="eval", split="validation", step=progress.step, epoch=progress.epoch, loss=val["loss"], accuracy=val["accuracy"])
-        if val["loss"] < progress.best_val_loss - cfg.early_stopping_min_delta:
-            progress.best_val_loss, progress.evals_without_improvement, improved_at = val["loss"], 0, progress.step
-        else:
-            progress.evals_without_improvement += 1
-        eval_seconds += time.perf_counter() - eval_start
-        patience_spent = cfg.early_stopping_patience and progress.evals_without_improvement >= cfg.early_stopping_patience
-        if patience_spent and accelerator.is_main_process:
-            accelerator.set_trigger()  # decided on the main process ...
-        return accelerator.check_trigger()  # ... and seen by every rank, so no rank breaks alone and hangs the others
-
-    def checkpoint() -> Path:
-        health()  # never save a checkpoint over a NaN: raises if the loss went non-finite since the last check
-        progress.window = [(step, loss.item()) for step, loss in zip(window_steps, window_losses)]
-        return save_checkpoint(accelerator, run_dir, progress.step, cfg.keep_checkpoints, is_best=improved_at == progress.step)
-
-    @contextlib.contextmanager
-    def paused():
-        """Evaluation and checkpoints are not training throughput: keep their time out of the logged rate."""
-        nonlocal window_start
-        pause_start = time.perf_counter()
-        yield
-        window_start += time.perf_counter() - pause_start
-
-    loop_start = window_start = time.perf_counter()
-    window_samples, epoch = 0, progress.epoch
-    stopped_early = stop_signal = False
-    for epoch in range(progress.epoch, cfg.epochs if progress.step < total_steps else 0):
-        model.train()
-        progress.epoch = epoch
-        train_loader.set_epoch(epoch)  # the shuffle order is a function of (seed, epoch): resumable, the same on every rank
+        self.parts.train_loader.set_epoch(epoch)  # the shuffle order is a function of (seed, epoch): resumable, the same on every rank
         # Resuming mid-epoch: skip the batches this epoch already trained on (same order, thanks to set_epoch).
-        batches = accelerator.skip_first_batches(train_loader, progress.batches_done) if progress.batches_done else train_loader
-        validated = False
+        done = self.progress.batches_done
+        batches = accelerator.skip_first_batches(self.parts.train_loader, done) if done else self.parts.train_loader
+        self.validated = False
         for inputs, targets in batches:
             with accelerator.accumulate(model):  # gradients are all-reduced and applied once per grad_accum_steps batches
                 outputs = model(inputs)
-                loss = criterion(outputs, targets)
+                loss = self.criterion(outputs, targets)
                 accelerator.backward(loss)  # scales the loss under fp16 and divides it for accumulation
                 if accelerator.sync_gradients and cfg.max_grad_norm:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # unscales first under fp16
                 optimizer.step()  # a no-op until the accumulation cycle is complete
                 optimizer.zero_grad()
-            window_losses.append(loss.detach())  # no .item() here: a host sync every batch would stall a GPU
-            window_steps.append(progress.step + 1)
-            window_samples += len(targets) * accelerator.num_processes
-            progress.batches_done += 1
-            if not accelerator.sync_gradients:
-                continue
-            if accelerator.optimizer_step_was_skipped:  # fp16 overflow: no update, so no schedule advance
-                skipped_steps += 1
-            else:
-                scheduler.step()
-            progress.step += 1
-            bar.update(1)
-            validated = False
-            if progress.step % cfg.log_every_steps == 0 or (accelerator.num_processes == 1 and signals.received):
-                mean_loss, stop_signal = health()
-                rate = window_samples / (time.perf_counter() - window_start)
-                log.write(kind="train", step=progress.step, epoch=epoch, loss=mean_loss, lr=scheduler.get_last_lr()[0], samples_per_s=rate, skipped_steps=skipped_steps)
-                bar.set_postfix(loss=f"{mean_loss:.4f}", samples_per_s=f"{rate:,.0f}")
-                window_losses.clear()
-                window_steps.clear()
-                samples_seen, window_samples, window_start = samples_seen + window_samples, 0, time.perf_counter()
-            if cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0:
-                with paused():
-                    stopped_early, validated = validate(), True
-            if stop_signal:  # SIGTERM/SIGINT: this step is finished; save together, then exit 143/130
-                raise Preempted(signals.received or signal.SIGTERM, checkpoint())
-            if cfg.checkpoint_every_steps and progress.step % cfg.checkpoint_every_steps == 0:
-                with paused():
-                    checkpoint()
-            if stopped_early or progress.step >= total_steps:
-                break
-        with paused():
-            if not validated:  # every epoch ends with a validation (unless one just ran at this step)
-                stopped_early = validate() or stopped_early
-            if accelerator.is_main_process:
-                tqdm.write(f"epoch {epoch}: step {progress.step}, val_loss {val['loss']:.4f}, val_accuracy {val['accuracy']:.4f}")
-            if progress.batches_done >= len(train_loader):  # the epoch ran to its end
-                progress.epoch, progress.batches_done = epoch + 1, 0
-            checkpoint()
-        if stopped_early or progress.step >= total_steps:
-            break
-    samples_seen += window_samples
-    train_seconds = time.perf_counter() - loop_start - eval_seconds
-    bar.close()
+            self.window_losses.append(loss.detach())  # no .item() here: a host sync every batch would stall a GPU
+            self.window_steps.append(self.progress.step + 1)
+            self.speed.add(len(targets) * accelerator.num_processes, targets.numel() * accelerator.num_processes)
+            self.progress.batches_done += 1
+            if accelerator.sync_gradients:
+                self.after_step()
+                if self.finished():
+                    break
 
-    test = evaluate(model, test_loader, accelerator)
-    log.write(kind="eval", split="test", step=progress.step, epoch=epoch, loss=test["loss"], accuracy=test["accuracy"])
+    def after_step(self) -> None:
+        """One optimizer step is complete: schedule, log, validate, stop on a signal, checkpoint."""
+        cfg, progress = self.cfg, self.progress
+        if self.accelerator.optimizer_step_was_skipped:  # fp16 overflow: no update, so no schedule advance
+            self.skipped_steps += 1
+        else:
+            self.parts.scheduler.step()
+        progress.step += 1
+        self.bar.update(1)
+        if progress.step == self.first_step:
+            self.speed.first_step_done()
+        self.validated = False
+        if progress.step % cfg.log_every_steps == 0 or (self.accelerator.num_processes == 1 and self.signals.received):
+            self.log_train()
+        if cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0:
+            with self.speed.paused():
+                self.validate()
+        if self.stop_signal:  # SIGTERM/SIGINT: this step is finished; save together, then exit 143/130
+            raise Preempted(self.signals.received or signal.SIGTERM, self.checkpoint())
+        if cfg.checkpoint_every_steps and progress.step % cfg.checkpoint_every_steps == 0:
+            with self.speed.paused():
+                self.checkpoint()
+
+    def end_epoch(self, epoch: int) -> None:
+        if not self.validated:  # every epoch ends with a validation (unless one just ran at this step)
+            self.validate()
+        if self.accelerator.is_main_process:
+            metrics = ", ".join(f"val_{k} {v:.4f}" for k, v in self.val.items())
+            tqdm.write(f"epoch {epoch}: step {self.progress.step}, {metrics}")
+        if self.progress.batches_done >= len(self.parts.train_loader):  # the epoch ran to its end
+            self.progress.epoch, self.progress.batches_done = epoch + 1, 0
+        self.checkpoint()
+
+    def finished(self) -> bool:
+        return self.stopped_early or self.progress.step >= self.parts.total_steps
+
+    def log_train(self) -> None:
+        mean_loss, self.stop_signal = self.health()
+        samples, tokens, seconds = self.speed.take_window()
+        rates = self.parts.task.rates(samples, tokens, seconds)
+        lr = self.parts.scheduler.get_last_lr()[0]
+        self.log.write(kind="train", step=self.progress.step, epoch=self.epoch, loss=mean_loss, lr=lr, **rates, skipped_steps=self.skipped_steps)
+        self.bar.set_postfix(loss=f"{mean_loss:.4f}", **{k.removesuffix("_per_s") + "/s": f"{v:,.0f}" for k, v in rates.items() if v})
+        self.window_losses.clear()
+        self.window_steps.clear()
+
+    def health(self) -> tuple[float, bool]:
+        """One all-reduce: mean training loss over ranks since the last log, and whether any rank got a stop signal."""
+        device = self.accelerator.device
+        losses = torch.stack(self.window_losses).float() if self.window_losses else torch.zeros(0, device=device)
+        counts = [float(len(self.window_losses)), float(self.signals.received > 0)]
+        total = self.accelerator.reduce(torch.cat([losses.sum().view(1), torch.tensor(counts, device=device)]), "sum")
+        mean_loss = (total[0] / total[1]).item() if total[1] > 0 else float("nan")
+        if total[1] > 0 and not math.isfinite(mean_loss):
+            bad = (~torch.isfinite(losses)).nonzero()
+            first_bad = min(gather_object([self.window_steps[bad[0].item()] if len(bad) else 10**12]))
+            raise NonFiniteLoss(
+                f"the training loss became non-finite ({mean_loss}) at optimizer step {first_bad} (epoch {self.progress.epoch}); "
+                f"stopped without saving. The last good checkpoint is in {self.run_dir / 'checkpoints'} (try a lower --lr, then --resume)"
+            )
+        return mean_loss, bool(total[2].item())
+
+    def validate(self) -> None:
+        """Evaluate, log, and update early stopping (decided the same on all ranks)."""
+        progress, cfg, accelerator = self.progress, self.cfg, self.accelerator
+        result = evaluate(self.parts.model, self.parts.val_loader, accelerator)
+        self.parts.model.train()
+        self.val = self.parts.task.eval_metrics(result["loss"], result["accuracy"])
+        self.validated = True
+        self.log.write(kind="eval", split="validation", step=progress.step, epoch=progress.epoch, **self.val)
+        if result["loss"] < progress.best_val_loss - cfg.early_stopping_min_delta:
+            progress.best_val_loss, progress.evals_without_improvement, self.improved_at = result["loss"], 0, progress.step
+        else:
+            progress.evals_without_improvement += 1
+        patience_spent = cfg.early_stopping_patience and progress.evals_without_improvement >= cfg.early_stopping_patience
+        if patience_spent and accelerator.is_main_process:
+            accelerator.set_trigger()  # decided on the main process ...
+        # ... and seen by every rank, so no rank breaks alone and hangs the others
+        self.stopped_early = accelerator.check_trigger() or self.stopped_early
+
+    def checkpoint(self) -> Path:
+        self.health()  # never save a checkpoint over a NaN: raises if the loss went non-finite since the last check
+        self.progress.window = [(step, loss.item()) for step, loss in zip(self.window_steps, self.window_losses)]
+        is_best = self.improved_at == self.progress.step
+        return save_checkpoint(self.accelerator, self.run_dir, self.progress.step, self.cfg.keep_checkpoints, is_best=is_best)
+
+
+def finish(cfg: TrainConfig, parts: Parts, loop: Loop, scenario: dict, started: float) -> dict:
+    """Test evaluation, final weights and summary.json; returns the summary."""
+    accelerator, progress, task, run_dir = parts.accelerator, parts.progress, parts.task, Path(cfg.output_dir)
+    test = {}
+    if parts.test_loader is not None:
+        result = evaluate(parts.model, parts.test_loader, accelerator)
+        test = task.eval_metrics(result["loss"], result["accuracy"])
+        loop.log.write(kind="eval", split="test", step=progress.step, epoch=loop.epoch, **test)
     accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(model)  # full weights even when sharded (FSDP)
+    state_dict = accelerator.get_state_dict(parts.model)  # full weights even when sharded (FSDP)
     # Each rank's fingerprint of its own weights: after data-parallel training they must all agree.
-    rank_fingerprints = gather_object([weights_fingerprint(accelerator.unwrap_model(model))])
+    rank_fingerprints = gather_object([weights_fingerprint(model_of(accelerator, parts.model))])
     peak, peak_kind = peak_memory_bytes(accelerator.device)
+    train_seconds = loop.train_seconds
     summary = {
-        "test_loss": test["loss"],
-        "test_accuracy": test["accuracy"],
-        "val_loss": val.get("loss"),
-        "val_accuracy": val.get("accuracy"),
+        **{f"test_{k}": v for k, v in test.items()},
+        **{f"val_{k}": v for k, v in loop.val.items()},
         "best_val_loss": progress.best_val_loss,
         "epochs_completed": progress.epoch + (progress.batches_done > 0),
         "optimizer_steps": progress.step,
-        "skipped_optimizer_steps": skipped_steps,
-        "stopped_early_at_epoch": epoch if stopped_early else None,
-        "resumed_from": str(resume_from) if resume_from else None,
-        "samples_per_s": samples_seen / train_seconds if train_seconds > 0 else None,
+        "skipped_optimizer_steps": loop.skipped_steps,
+        "stopped_early_at_epoch": loop.epoch if loop.stopped_early else None,
+        "resumed_from": str(parts.resume_from) if parts.resume_from else None,
+        **task.rates(*loop.speed.total, train_seconds),
+        "first_step_s": loop.speed.first_step_s,
         "train_seconds": train_seconds,
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
         "wall_time_s": time.perf_counter() - started,
-        "dataset": data.source,
-        "num_features": data.num_features,
-        "num_classes": data.num_classes,
-        "train_samples": len(data.train),
+        "task": task.name,
+        "dataset": parts.data.source,
+        **progress.data,
         "weights_sha256_per_rank": rank_fingerprints,
         "scenario": scenario,
     }
     if accelerator.is_main_process:
-        save_weights(state_dict, run_dir / WEIGHTS, cfg, data.num_features, data.num_classes)
+        save_weights(state_dict, run_dir / WEIGHTS, cfg, task.weights_metadata(parts.data))
         write_json(run_dir / "summary.json", summary)
-        accelerator.print(
-            f"anytrain: test_accuracy {test['accuracy']:.4f}, test_loss {test['loss']:.4f}, "
-            f"{summary['wall_time_s']:.1f}s, run folder {run_dir}"
-        )
-    log.close()
+        final = test and {f"test_{k}": v for k, v in test.items()} or {f"val_{k}": v for k, v in loop.val.items()}
+        accelerator.print(f"anytrain: {', '.join(f'{k} {v:.4f}' for k, v in final.items())}, {summary['wall_time_s']:.1f}s, run folder {run_dir}")
+    loop.log.close()
     accelerator.end_training()
     return summary

@@ -1,0 +1,248 @@
+"""Text for language modelling: load it with `datasets`, build the vocabulary from the training
+text, hold each split's tokens once as a compact integer array, and serve windows of it.
+
+Every source goes through `datasets` like the tabular data: the bundled Shakespeare and `.txt`
+files through its `text` builder (one row per file), parquet/json/csv/hub datasets through their
+text column. A split's documents are joined with a newline. Without a validation split, the last
+`--val-fraction` of the characters validate (the first 90 % train by default: nanoGPT's split).
+
+A training sample is a window of block_size + 1 tokens starting at any position (inputs are its
+first block_size tokens, targets the same shifted by one); the DataLoader draws start positions
+through accelerate's seedable sampler like any other dataset, which keeps exact resume and the
+1-vs-2-rank equivalences. Validation uses a fixed set of windows: every non-overlapping one, or
+`--eval-windows` of them evenly spread, the same on any number of ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import torch
+from torch.utils.data import Dataset
+
+from ..config import ConfigError, TrainConfig
+
+SHAKESPEARE_PATH = Path(__file__).with_name("tinyshakespeare.txt")
+MAX_CHAR_VOCAB = 256  # --vocab auto: a larger training alphabet falls back to bytes
+MEMMAP_TOKENS = 64 * 2**20  # a split with more tokens than this is written to a cache file and memory-mapped
+CHUNK_DOCS = 1024  # documents read from Arrow at a time
+
+
+class Vocab:
+    """Characters (the training text's alphabet, sorted) or UTF-8 bytes, to integer ids and back."""
+
+    def __init__(self, kind: str, chars: str = ""):
+        self.kind, self.chars = kind, chars
+        self.size = 256 if kind == "byte" else len(chars)
+        self.dtype = np.uint8 if self.size <= 256 else np.uint16
+        codes = np.array([ord(c) for c in chars], dtype=np.int64)
+        self._codes = codes  # sorted, since chars is
+        self._index = {c: i for i, c in enumerate(chars)}
+
+    def encode(self, text: str) -> np.ndarray:
+        if self.kind == "byte":
+            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        ids = np.searchsorted(self._codes, codes)
+        ok = ids < self.size
+        ok[ok] = self._codes[ids[ok]] == codes[ok]
+        if not ok.all():
+            unknown = sorted({chr(c) for c in codes[~ok]})
+            raise KeyError("".join(unknown))
+        return ids.astype(self.dtype)
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self.kind == "byte":
+            return bytes(ids).decode("utf-8", errors="replace")
+        return "".join(self.chars[i] for i in ids)
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": self.kind, "chars": self.chars})
+
+    @classmethod
+    def from_json(cls, text: str) -> Vocab:
+        data = json.loads(text)
+        return cls(data["kind"], data.get("chars", ""))
+
+
+class TokenWindows(Dataset):
+    """Windows of block_size + 1 tokens of one token array; `__getitems__` cuts a whole batch at once."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, starts: np.ndarray | None = None):
+        self.tokens, self.block_size = tokens, block_size
+        self.starts = starts  # None: every position is a window start
+        self._offsets = np.arange(block_size + 1)
+
+    def __len__(self) -> int:
+        return len(self.tokens) - self.block_size if self.starts is None else len(self.starts)
+
+    def __getitem__(self, index: int):
+        inputs, targets = self.__getitems__([index])
+        return inputs[0], targets[0]
+
+    def __getitems__(self, indices: list[int]):
+        starts = np.asarray(indices, dtype=np.int64)
+        if self.starts is not None:
+            starts = self.starts[starts]
+        rows = torch.from_numpy(self.tokens[starts[:, None] + self._offsets].astype(np.int64))
+        return rows[:, :-1], rows[:, 1:].contiguous()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class TextSplits:
+    train: TokenWindows
+    validation: TokenWindows
+    test: TokenWindows | None
+    vocab: Vocab
+    source: str
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_text_splits(cfg: TrainConfig) -> TextSplits:
+    """Load the text named by cfg.dataset, build the vocabulary, tokenise; ConfigError on bad input."""
+    splits, source = _load_text_datasets(cfg)
+    column = cfg.text_column or "text"
+    pieces = {name: _split_text(ds, column, source, name) for name, ds in splits.items()}
+    if "validation" not in pieces:
+        ds, _, stop = pieces["train"]
+        cut = int(stop * (1 - cfg.val_fraction))  # the first (1 - val_fraction) of the characters train
+        pieces["train"], pieces["validation"] = (ds, 0, cut), (ds, cut, stop)
+    vocab = choose_vocab(cfg, pieces, source)
+    tokens = {name: _tokens(vocab, *piece, column) for name, piece in pieces.items()}
+    for name, array in tokens.items():
+        if len(array) < cfg.block_size + 1:
+            raise ConfigError(
+                f"--block-size: the {name} split of {source} has {len(array)} tokens, fewer than block_size + 1 = {cfg.block_size + 1}"
+            )
+    return TextSplits(
+        train=TokenWindows(tokens["train"], cfg.block_size),
+        validation=TokenWindows(tokens["validation"], cfg.block_size, eval_starts(len(tokens["validation"]), cfg)),
+        test=TokenWindows(tokens["test"], cfg.block_size, eval_starts(len(tokens["test"]), cfg)) if "test" in tokens else None,
+        vocab=vocab,
+        source=source,
+    )
+
+
+def eval_starts(num_tokens: int, cfg: TrainConfig) -> np.ndarray:
+    """Start positions of the fixed evaluation windows: all non-overlapping ones, or N spread evenly."""
+    last = num_tokens - cfg.block_size - 1  # the last start whose window fits
+    if cfg.eval_windows:
+        return np.unique(np.linspace(0, last, cfg.eval_windows).round().astype(np.int64))
+    return np.arange(0, last + 1, cfg.block_size, dtype=np.int64)
+
+
+def _load_text_datasets(cfg: TrainConfig) -> tuple[dict, str]:
+    import datasets
+
+    from . import _first_line, _load_raw, _named_splits
+
+    datasets.disable_progress_bars()
+    name = cfg.dataset
+    path = Path(name).expanduser()
+    try:
+        if name == "shakespeare":
+            raw = datasets.load_dataset("text", data_files=str(SHAKESPEARE_PATH), sample_by="document")
+            return _named_splits(raw), "shakespeare (bundled Tiny Shakespeare)"
+        if path.is_file() and path.suffix.lower() == ".txt":
+            if path.stat().st_size == 0:
+                raise ConfigError(f"--dataset: {name} is empty")
+            return _named_splits(datasets.load_dataset("text", data_files=str(path), sample_by="document")), str(path)
+        if path.is_dir() and not (path / "dataset_dict.json").exists() and not (path / "state.json").exists():
+            files = sorted(str(p) for p in path.rglob("*.txt") if p.is_file())
+            if files:  # a folder of .txt files: one document each, in name order
+                return _named_splits(datasets.load_dataset("text", data_files={"train": files}, sample_by="document")), str(path)
+    except ConfigError:
+        raise
+    except Exception as e:  # undecodable bytes and other read errors
+        raise ConfigError(f"--dataset: cannot read {name}: {_first_line(e)}") from None
+    if name.lower().endswith(".txt"):
+        raise ConfigError(f"--dataset: file not found: {name}")
+    raw, source = _load_raw(name)
+    return _named_splits(raw), source
+
+
+def _split_text(ds, column: str, source: str, split: str):
+    """Check the text column; returns (dataset, 0, number of characters of the joined text)."""
+    import datasets
+
+    if column not in ds.column_names:
+        raise ConfigError(f"--text-column: column '{column}' not in {source} (columns: {', '.join(ds.column_names)})")
+    feature = ds.features[column]
+    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+        raise ConfigError(f"--text-column: column '{column}' of {source} is not text ({feature})")
+    lengths = pc.utf8_length(ds.with_format("arrow")[column].combine_chunks().fill_null(""))
+    total = int(pc.sum(lengths).as_py() or 0) + max(len(ds) - 1, 0)  # documents joined by one newline
+    if total == 0 or not any(text.strip() for text in _chunks(ds, column, 0, total)):
+        raise ConfigError(f"--dataset: the {split} split of {source} holds no text (empty or whitespace only)")
+    return ds, 0, total
+
+
+def _chunks(ds, column: str, start: int, stop: int):
+    """Characters [start, stop) of the split's documents joined by newlines, in pieces."""
+    offset = 0
+    for first in range(0, len(ds), CHUNK_DOCS):
+        docs = ds.with_format("arrow")[first : first + CHUNK_DOCS][column].to_pylist()
+        text = ("\n" if first else "") + "\n".join(d or "" for d in docs)
+        lo, hi = max(start - offset, 0), min(stop - offset, len(text))
+        if lo < hi:
+            yield text[lo:hi]
+        offset += len(text)
+        if offset >= stop:
+            return
+
+
+def choose_vocab(cfg: TrainConfig, pieces: dict, source: str) -> Vocab:
+    """Characters of the training text, unless the alphabet is large or misses validation/test characters."""
+    if cfg.vocab == "byte":
+        return Vocab("byte")
+    train_chars = set().union(*(set(t) for t in _chunks(pieces["train"][0], cfg.text_column or "text", *pieces["train"][1:])))
+    other = {name: set().union(*(set(t) for t in _chunks(ds, cfg.text_column or "text", a, b))) for name, (ds, a, b) in pieces.items() if name != "train"}
+    unknown = sorted(set().union(*other.values()) - train_chars)
+    if cfg.vocab == "char":
+        if unknown:
+            raise ConfigError(f"--vocab char: the training text lacks characters the other splits use ({''.join(unknown)[:40]!r}); use --vocab byte")
+        if len(train_chars) > 65535:
+            raise ConfigError(f"--vocab char: {source} has {len(train_chars)} distinct characters, too many; use --vocab byte")
+    elif unknown or len(train_chars) > MAX_CHAR_VOCAB:
+        return Vocab("byte")
+    return Vocab("char", "".join(sorted(train_chars)))
+
+
+def _tokens(vocab: Vocab, ds, start: int, stop: int, column: str) -> np.ndarray:
+    """The piece's tokens as one compact array: in memory, or memory-mapped from a cache file when large."""
+    estimate = stop - start if vocab.kind == "char" else None
+    if estimate is not None and estimate <= MEMMAP_TOKENS:
+        return np.concatenate([vocab.encode(t) for t in _chunks(ds, column, start, stop)] or [np.zeros(0, vocab.dtype)])
+    key = hashlib.sha256(f"{ds._fingerprint}|{column}|{start}|{stop}|{vocab.to_json()}".encode()).hexdigest()[:24]
+    path = token_cache_dir() / f"{key}.{np.dtype(vocab.dtype).name}"
+    if not path.exists():
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            for text in _chunks(ds, column, start, stop):
+                f.write(vocab.encode(text).tobytes())
+        os.replace(tmp, path)  # whole or absent: another rank (or run) may read it next
+    tokens = np.memmap(path, dtype=vocab.dtype, mode="r")
+    if estimate is None and len(tokens) <= MEMMAP_TOKENS:
+        return np.array(tokens)  # small after all (bytes): hold it in memory
+    return tokens
+
+
+def token_cache_dir() -> Path:
+    import datasets
+
+    folder = Path(datasets.config.HF_DATASETS_CACHE) / "anytrain_tokens"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -1,0 +1,129 @@
+"""What differs between tasks, and nothing else: the data, the model, the loss and the metrics.
+
+The loop in trainer.py is the same for both. A batch is `(inputs, targets)`, the model maps
+inputs to logits, and the loss is cross-entropy of the logits against the targets:
+
+- classify: inputs are feature rows, targets one class id per sample, logits (batch, classes);
+- lm: inputs are windows of block_size token ids, targets the same windows shifted by one
+  token, logits (batch, block_size, vocabulary): next-token cross-entropy over every position.
+
+Evaluation is written once for both (`per_sample`): each sample's mean loss and accuracy over its
+positions (one position for a class label, block_size for a window).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .config import TrainConfig
+
+
+def per_sample(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sample's mean cross-entropy and accuracy over its target positions (shape: batch)."""
+    losses = F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), reduction="none")
+    hits = outputs.argmax(-1) == targets
+    return losses.view(len(targets), -1).mean(1), hits.view(len(targets), -1).float().mean(1)
+
+
+class TokenCrossEntropy(nn.Module):
+    """Next-token cross-entropy averaged over every position of every window."""
+
+    def forward(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
+
+
+class Classification:
+    name = "classify"
+
+    def load_data(self, cfg: TrainConfig):
+        from .data import load_splits
+
+        return load_splits(cfg)
+
+    def build_model(self, cfg: TrainConfig, data) -> nn.Module:
+        from .models import build_model
+
+        return build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
+
+    def criterion(self) -> nn.Module:
+        return nn.CrossEntropyLoss()
+
+    def eval_metrics(self, loss: float, accuracy: float) -> dict:
+        return {"loss": loss, "accuracy": accuracy}
+
+    def rates(self, samples: int, tokens: int, seconds: float) -> dict:
+        return {"samples_per_s": samples / seconds if seconds > 0 else None}
+
+    def describe_data(self, data, model: nn.Module) -> dict:
+        return {"num_features": data.num_features, "num_classes": data.num_classes, "train_samples": len(data.train)}
+
+    def weights_metadata(self, data) -> dict:
+        return {"num_features": str(data.num_features), "num_classes": str(data.num_classes)}
+
+    def model_from_metadata(self, cfg: TrainConfig, meta: dict) -> nn.Module:
+        from .models import build_model
+
+        return build_model(cfg, int(meta["num_features"]), int(meta["num_classes"]))
+
+
+class LanguageModel:
+    name = "lm"
+
+    def load_data(self, cfg: TrainConfig):
+        from .data.text import load_text_splits
+
+        return load_text_splits(cfg)
+
+    def build_model(self, cfg: TrainConfig, data) -> nn.Module:
+        from .gpt import build_gpt
+
+        return build_gpt(cfg, data.vocab.size)
+
+    def criterion(self) -> nn.Module:
+        return TokenCrossEntropy()
+
+    def eval_metrics(self, loss: float, accuracy: float) -> dict:
+        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "accuracy": accuracy}
+
+    def rates(self, samples: int, tokens: int, seconds: float) -> dict:
+        if seconds <= 0:
+            return {"samples_per_s": None, "tokens_per_s": None}
+        return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds}
+
+    def describe_data(self, data, model: nn.Module) -> dict:
+        return {
+            "vocab_kind": data.vocab.kind,
+            "vocab_size": data.vocab.size,
+            "train_tokens": data.train.num_tokens,
+            "validation_tokens": data.validation.num_tokens,
+            "validation_windows": len(data.validation),
+            "parameters": model.num_parameters(),
+            "flops_per_token": model.flops_per_token(),
+        }
+
+    def weights_metadata(self, data) -> dict:
+        return {"vocab": data.vocab.to_json()}
+
+    def model_from_metadata(self, cfg: TrainConfig, meta: dict) -> nn.Module:
+        from .data.text import Vocab
+        from .gpt import build_gpt
+
+        return build_gpt(cfg, Vocab.from_json(meta["vocab"]).size)
+
+
+TASKS = {"classify": Classification(), "lm": LanguageModel()}
+
+
+def get_task(cfg: TrainConfig):
+    return TASKS[cfg.task]
+
+
+def vocab_of(meta: dict):
+    """The vocabulary saved with a language model's weights (None for a classifier)."""
+    from .data.text import Vocab
+
+    return Vocab.from_json(meta["vocab"]) if "vocab" in meta else None
