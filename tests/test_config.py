@@ -82,3 +82,15 @@ def test_bad_dataset_fails_before_training(capsys, tmp_path):
     err = run_cli_error(capsys, ["--dataset", str(tmp_path / "missing.csv"), "--output-dir", str(tmp_path / "run")])
     assert "--dataset: file not found" in err
     assert not (tmp_path / "run").exists()  # nothing written for a run that never started
+
+
+def test_the_anytrain_command_takes_train_as_an_optional_subcommand(capsys):
+    assert "--lr must be positive" in run_cli_error(capsys, ["train", "--lr", "0"])
+
+
+def test_the_task_and_model_follow_the_data_unless_given():
+    assert (TrainConfig().task, TrainConfig().model) == ("classify", "mlp")
+    assert (TrainConfig(dataset="shakespeare").task, TrainConfig(dataset="shakespeare").model) == ("lm", "gpt")
+    assert TrainConfig(dataset="book.TXT").task == "lm" and TrainConfig(model="gpt").task == "lm"
+    assert TrainConfig(dataset="digits", text_column="caption").task == "lm"
+    assert TrainConfig(dataset="shakespeare", task="classify").model == "mlp"  # an explicit task wins

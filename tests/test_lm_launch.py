@@ -80,5 +80,8 @@ def test_torch_compile_from_the_accelerate_config_matches_eager(tmp_path):
     # Inductor fuses and reorders float arithmetic: the same losses within 1e-4 (measured up to ~1e-6).
     assert train_losses(tmp_path / "compiled") == pytest.approx(train_losses(tmp_path / "eager"), abs=1e-4)
     assert sc["val_loss"] == pytest.approx(se["val_loss"], abs=1e-4)
+    # the saved weights are the model's, not torch.compile's wrapper's, and load like any run's
+    diff = max_abs_diff(load_model(tmp_path / "compiled").state_dict(), load_model(tmp_path / "eager").state_dict())
+    assert diff < 1e-4, diff
     # the compilation is in the first step, reported apart from the steady rate
     assert sc["first_step_s"] > 5 * se["first_step_s"] and sc["tokens_per_s"] > 0

@@ -217,7 +217,7 @@ def setup(cfg: TrainConfig, accelerator: Accelerator) -> Parts:
 
 def model_of(accelerator: Accelerator, model: nn.Module) -> nn.Module:
     """The user's module inside accelerate's wrappers (DDP, torch.compile)."""
-    return accelerator.unwrap_model(model)
+    return accelerator.unwrap_model(model, keep_torch_compile=False)
 
 
 class Loop:
@@ -381,6 +381,7 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, scenario: dict, started: 
         loop.log.write(kind="eval", split="test", step=progress.step, epoch=loop.epoch, **test)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(parts.model)  # full weights even when sharded (FSDP)
+    state_dict = {k.replace("_orig_mod.", ""): v for k, v in state_dict.items()}  # torch.compile's wrapper is not the model
     # Each rank's fingerprint of its own weights: after data-parallel training they must all agree.
     rank_fingerprints = gather_object([weights_fingerprint(model_of(accelerator, parts.model))])
     peak, peak_kind = peak_memory_bytes(accelerator.device)
