@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "src" / "train.py"
@@ -33,6 +34,15 @@ def fresh_accelerate_state():
     AcceleratorState._reset_state(True)
     yield
     AcceleratorState._reset_state(True)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run as fast (and steadier on a shared 2-core machine) on one intra-op thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def free_port() -> int:

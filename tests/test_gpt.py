@@ -12,14 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from anytrain.gpt import GPT, build_gpt, generate
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are tiny: one intra-op thread is as fast, and keeps timings steady on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread is as fast and steadier
 
 
 TINY = {"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 16}

@@ -199,7 +199,7 @@ def test_gradient_accumulation_equals_the_bigger_batch_for_the_lm(tmp_path):
     AcceleratorState._reset_state(True)
     train(lm_config(tmp_path, "big", batch_size=16, **common))
     diff = max_abs_diff(load_model(tmp_path / "accum").state_dict(), load_model(tmp_path / "big").state_dict())
-    assert diff < 1e-5, diff  # the same 16 windows per update, summed in another order
+    assert diff < 1e-6, diff  # the same 16 windows per update, summed in another order: measured 2.8e-8
     accum = [m["loss"] for m in read_metrics(tmp_path / "accum") if m["kind"] == "train"]
     big = [m["loss"] for m in read_metrics(tmp_path / "big") if m["kind"] == "train"]
     assert accum == pytest.approx(big, abs=1e-5)

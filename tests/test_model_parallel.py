@@ -27,13 +27,7 @@ from anytrain.trainer import train
 FEATURES, CLASSES, BATCH = 16, 5, 10  # BATCH = 10 does not divide evenly into 3, 4 or 7 micro-batches
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster (and steadier on a shared 2-core machine) on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is faster and steadier
 
 
 def small_model(kind: str) -> nn.Sequential:

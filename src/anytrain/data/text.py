@@ -231,9 +231,10 @@ def _tokens(vocab: Vocab, ds, start: int, stop: int, column: str) -> np.ndarray:
     if not path.exists():
         tmp = path.with_suffix(f".tmp-{os.getpid()}")
         with open(tmp, "wb") as f:
-            for text in _chunks(ds, column, start, stop):
-                f.write(vocab.encode(text).tobytes())
+            f.writelines(vocab.encode(text).tobytes() for text in _chunks(ds, column, start, stop))
         os.replace(tmp, path)  # whole or absent: another rank (or run) may read it next
+    if path.stat().st_size == 0:  # an empty piece cannot be mapped; the length check then names it
+        return np.zeros(0, vocab.dtype)
     tokens = np.memmap(path, dtype=vocab.dtype, mode="r")
     if estimate is None and len(tokens) <= MEMMAP_TOKENS:
         return np.array(tokens)  # small after all (bytes): hold it in memory
