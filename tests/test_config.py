@@ -54,6 +54,9 @@ def test_help_lists_every_option_with_its_default():
         (["--config", "/nonexistent/run.yaml"], "--config: file not found: /nonexistent/run.yaml"),
         (["--val-fraction", "0.6", "--test-fraction", "0.5"], "must leave some training data"),
         (["--persistent-workers"], "--persistent-workers needs --num-workers > 0"),
+        (["--lr", "inf"], "--lr must be a finite number, got inf"),
+        (["--lr", "nan"], "--lr must be a finite number, got nan"),
+        (["--weight-decay=-inf"], "--weight-decay must be a finite number"),
     ],
 )
 def test_bad_flags_get_one_line_and_exit_2(capsys, argv, expected):
@@ -94,3 +97,10 @@ def test_the_task_and_model_follow_the_data_unless_given():
     assert TrainConfig(dataset="book.TXT").task == "lm" and TrainConfig(model="gpt").task == "lm"
     assert TrainConfig(dataset="digits", text_column="caption").task == "lm"
     assert TrainConfig(dataset="shakespeare", task="classify").model == "mlp"  # an explicit task wins
+
+
+def test_data_whose_training_rows_share_one_label_is_refused(capsys, tmp_path):
+    (tmp_path / "one.csv").write_text("x,label\n" + "".join(f"{i},0\n" for i in range(40)))
+    err = run_cli_error(capsys, ["--dataset", str(tmp_path / "one.csv"), "--num-classes", "3", "--output-dir", str(tmp_path / "run")])
+    assert "every training row of" in err and "has the same label (0)" in err
+    assert not (tmp_path / "run").exists()

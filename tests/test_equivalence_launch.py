@@ -272,7 +272,7 @@ def finish(proc: subprocess.Popen, deadline: float) -> tuple[int, str]:
 
 def test_two_machines_on_loopback_equal_one_machine_and_a_lonely_machine_gives_up(tmp_path, two_ranks_sgd):
     # A machine whose partner never starts: torchrun's static rendezvous waits for it rdzv_conf
-    # timeout seconds (900 by default; ANYTRAIN_DIST_TIMEOUT does not apply, no rank has started).
+    # timeout seconds (900 by default; --collective-timeout does not apply, no rank has started).
     lonely_started = time.monotonic()
     lonely = start(multi_node_command(0, free_port(), 15, tmp_path / "lonely"))
     # Machine 0 and machine 1 of one world, on this machine (started while the lonely one waits).

@@ -1,24 +1,30 @@
 """Checkpoints in the run folder, written atomically, and the checks that keep earlier work safe.
 
 Layout of a run folder:
-    checkpoints/step-000120/   accelerator.save_state(): model, optimizer, scheduler, grad scaler,
-                               sampler, RNG states of every rank, and `progress` (custom_checkpoint_0.pkl)
+    checkpoints/step-000120/   accelerator.save_state(): model.safetensors, optimizer.bin (tensors),
+                               random_states_<rank>.pkl (every rank's RNG states), the fp16 grad
+                               scaler; and progress.json: the loop's position, the LR schedule's
+                               state, the config and the process count, as plain JSON
     checkpoints/latest         text file naming the newest complete checkpoint
     checkpoints/best           text file naming the checkpoint with the lowest validation loss
 
 A checkpoint is written to `checkpoints/.tmp-step-000120` and renamed when every rank is done,
 so a kill during a save leaves the previous checkpoint and the pointers intact.
+
+Loading one executes nothing: progress.json is JSON, the weights are safetensors, and the
+optimizer and RNG files are read with `torch.load(weights_only=True)` (accelerate's loader, whose
+allow-list holds numpy's array types only); a file that needs anything else is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import yaml
 
 from .config import ConfigError, TrainConfig, save_config
@@ -29,15 +35,20 @@ CHECKPOINTS = "checkpoints"
 RESUMABLE_CHANGES = {
     "epochs", "max_steps", "output_dir", "progress", "log_every_steps", "eval_every_steps",
     "num_workers", "pin_memory", "persistent_workers", "checkpoint_every_steps", "keep_checkpoints",
-    "resume", "overwrite", "early_stopping_patience", "early_stopping_min_delta",
+    "resume", "overwrite", "early_stopping_patience", "early_stopping_min_delta", "collective_timeout",
 }
-# Files accelerator.save_state() writes that a resume cannot do without.
-REQUIRED_FILES = ("model.safetensors", "optimizer.bin", "custom_checkpoint_0.pkl", "random_states_0.pkl")
+PROGRESS = "progress.json"
+# Files a resume cannot do without (accelerator.save_state's and ours).
+REQUIRED_FILES = ("model.safetensors", "optimizer.bin", PROGRESS, "random_states_0.pkl")
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, a file-size limit, a vanished folder)."""
 
 
 @dataclass
 class Progress:
-    """Where the loop is, saved in every checkpoint (registered with accelerator.register_for_checkpointing)."""
+    """Where the loop is, saved in every checkpoint's progress.json."""
 
     epoch: int = 0
     batches_done: int = 0  # batches of `epoch` already consumed (per rank)
@@ -73,15 +84,26 @@ def write_pointer(run_dir: Path, name: str, target: Path) -> None:
     os.replace(tmp, run_dir / CHECKPOINTS / name)  # atomic: readers see the old or the new name, never half
 
 
-def save_checkpoint(accelerator, run_dir: Path, step: int, keep: int, is_best: bool) -> Path:
-    """Every rank calls this together (save_state is collective and writes each rank's RNG state)."""
+def save_checkpoint(accelerator, run_dir: Path, step: int, keep: int, is_best: bool, state: dict) -> Path:
+    """Every rank calls this together (save_state is collective and writes each rank's RNG state).
+    `state` is what progress.json holds: plain JSON values."""
     folder = run_dir / CHECKPOINTS
     final = folder / checkpoint_name(step)
     tmp = folder / f".tmp-{checkpoint_name(step)}"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)  # debris of a save that was killed
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    try:
+        accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:
+            (tmp / PROGRESS).write_text(json.dumps({**state, "num_processes": accelerator.num_processes}, indent=1))
+    except Exception as e:  # noqa: BLE001 - OSError, or safetensors' own error type around one: say it in one line
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CheckpointWriteError(
+            f"could not write checkpoint {final.name} in {folder} ({reason}): disk full or a file-size limit? "
+            f"The previous checkpoint and checkpoints/latest are intact; free space, then --resume"
+        ) from None
     accelerator.wait_for_everyone()  # every rank has written its part before the rename
     if accelerator.is_main_process:
         if final.exists():
@@ -104,21 +126,57 @@ def _prune(run_dir: Path, keep: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def find_resume_checkpoint(cfg: TrainConfig) -> Path:
-    """The checkpoint --resume names: 'latest' (in the run folder) or a path; errors if there is none."""
+def missing_files(checkpoint: Path) -> list[str]:
+    return [f for f in REQUIRED_FILES if not (checkpoint / f).is_file() or (checkpoint / f).stat().st_size == 0]
+
+
+def newest_complete(run_dir: Path) -> Path | None:
+    """The newest checkpoint folder whose required files are all there and progress.json reads."""
+    for candidate in sorted((p for p in (run_dir / CHECKPOINTS).glob("step-*") if p.is_dir()), reverse=True):
+        if not missing_files(candidate):
+            try:
+                json.loads((candidate / PROGRESS).read_text())
+                return candidate
+            except (OSError, ValueError):
+                continue
+    return None
+
+
+def resolve_auto_resume(cfg: TrainConfig) -> TrainConfig:
+    """--resume auto: 'latest' when the run folder holds a checkpoint (a restarted or re-queued job
+    continues), nothing otherwise (its first start). Any other value is returned as it is."""
+    if cfg.resume != "auto":
+        return cfg
     run_dir = Path(cfg.output_dir)
+    has_checkpoint = read_pointer(run_dir, "latest") is not None or newest_complete(run_dir) is not None
+    return dataclasses.replace(cfg, resume="latest" if has_checkpoint else "")
+
+
+def find_resume_checkpoint(cfg: TrainConfig) -> tuple[Path, str | None]:
+    """The checkpoint --resume names: 'latest' (in the run folder) or a path; errors if there is none.
+    A damaged `latest` pointer falls back to the newest complete checkpoint, with a warning."""
+    run_dir = Path(cfg.output_dir)
+    warning = None
     if cfg.resume == "latest":
         target = read_pointer(run_dir, "latest")
-        if target is None:
-            raise ConfigError(f"--resume: no checkpoint in {run_dir / CHECKPOINTS} to resume from")
+        if target is None or missing_files(target):
+            fallback = newest_complete(run_dir)
+            if fallback is None and target is not None:
+                raise ConfigError(f"--resume: checkpoint {target} is incomplete or corrupt (missing or empty: {', '.join(missing_files(target))}), and no other complete one is in {run_dir / CHECKPOINTS}")
+            if fallback is None:
+                raise ConfigError(f"--resume: no checkpoint in {run_dir / CHECKPOINTS} to resume from")
+            pointer = run_dir / CHECKPOINTS / "latest"
+            what = "names an incomplete checkpoint" if target is not None else "is damaged" if pointer.exists() else "is missing"
+            warning = f"{pointer} {what}: resuming from the newest complete checkpoint, {fallback}"
+            target = fallback
     else:
         target = Path(cfg.resume)
         if not target.is_dir():
             raise ConfigError(f"--resume: checkpoint folder not found: {cfg.resume}")
-    missing = [f for f in REQUIRED_FILES if not (target / f).is_file() or (target / f).stat().st_size == 0]
+    missing = missing_files(target)
     if missing:
         raise ConfigError(f"--resume: checkpoint {target} is incomplete or corrupt (missing or empty: {', '.join(missing)})")
-    return target
+    return target, warning
 
 
 def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path) -> None:
@@ -167,28 +225,81 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"--output-dir: cannot write to {run_dir}: {e.strerror or e}") from None
 
 
-def load_checkpoint(accelerator, checkpoint: Path, cfg: TrainConfig) -> None:
-    """Check the checkpoint was made with a compatible config, then restore every registered object."""
-    saved = torch.load(checkpoint / "custom_checkpoint_0.pkl", weights_only=False)  # our Progress, written by us
-    check_compatible(saved.get("config", {}), cfg, checkpoint)
+def load_checkpoint(accelerator, checkpoint: Path, cfg: TrainConfig) -> dict:
+    """Check the checkpoint fits this run, restore model, optimizer, scaler and RNG states; returns
+    progress.json's content (the caller restores the loop's progress and the LR schedule from it)."""
+    try:
+        state = json.loads((checkpoint / PROGRESS).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--resume: cannot read {checkpoint / PROGRESS}: {e}") from None
+    check_compatible(state.get("progress", {}).get("config", {}), cfg, checkpoint)
+    saved_processes = state.get("num_processes")
+    if saved_processes != accelerator.num_processes:
+        raise ConfigError(
+            f"--resume: checkpoint {checkpoint} was made by {saved_processes} process(es) and this launch has "
+            f"{accelerator.num_processes}: every rank's data position and random state are in it, so resume with "
+            f"{saved_processes} process(es) (the same accelerate config), or start a new run in another --output-dir"
+        )
+    check_safe_to_load(checkpoint, accelerator.process_index)
     try:
         accelerator.load_state(str(checkpoint))
     except Exception as e:
         first_line = str(e).splitlines()[0] if str(e) else ""
         raise ConfigError(f"--resume: cannot load checkpoint {checkpoint}: {type(e).__name__}: {first_line}") from None
+    return state
 
 
-def start_run_folder(run_dir: Path, cfg: TrainConfig, resumed_at_step: int | None) -> None:
+def check_safe_to_load(checkpoint: Path, rank: int) -> None:
+    """accelerate reads the RNG file inside a try that only logs a failure; read it here first, the
+    same safe way (weights_only), so a file that would need code to unpickle stops the resume."""
+    from accelerate.utils.other import load
+
+    for name in ("optimizer.bin", f"random_states_{rank}.pkl"):
+        try:
+            load(checkpoint / name, map_location="cpu")
+        except Exception as e:  # noqa: BLE001 - UnpicklingError and friends: refuse, one line
+            first = (str(e).strip().splitlines() or [""])[0].split(". ")[0]
+            raise ConfigError(
+                f"--resume: cannot load checkpoint {checkpoint}: {name} does not load as plain tensors without running code "
+                f"(refused: {type(e).__name__}: {first[:120]})"
+            ) from None
+
+
+def start_run_folder(run_dir: Path, cfg: TrainConfig, resumed_at_step: int | None) -> str | None:
     """Main process: a fresh run clears the previous run's outputs (check_run_folder allowed it);
-    a resumed one drops what the interrupted run logged after its checkpoint, about to be redone."""
+    a resumed one drops what the interrupted run logged after its checkpoint, about to be redone.
+    Returns a note for the user when a torn log line was dropped."""
+    note = None
     if resumed_at_step is None:
         shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
         for stale in ("metrics.jsonl", "summary.json"):
             (run_dir / stale).unlink(missing_ok=True)
     else:
-        metrics = run_dir / "metrics.jsonl"
-        if metrics.exists():
-            kept = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] <= resumed_at_step]
-            metrics.write_text("".join(line + "\n" for line in kept))
+        note = trim_metrics(run_dir / "metrics.jsonl", resumed_at_step)
         (run_dir / "summary.json").unlink(missing_ok=True)
     save_config(cfg, run_dir / "config.yaml")
+    return note
+
+
+def trim_metrics(metrics: Path, step: int) -> str | None:
+    """Keep the log lines up to `step`; a torn last line (a kill mid-write) is dropped. Returns a note when one was."""
+    if not metrics.exists():
+        return None
+    kept, torn = [], None
+    for number, line in enumerate(metrics.read_text().splitlines(), 1):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            torn = f"dropped an incomplete line {number} of {metrics} (written when the run was killed)"
+            continue
+        if record is not None and record.get("step", 0) <= step:
+            kept.append(line)
+    replace_text(metrics, "".join(line + "\n" for line in kept))
+    return torn
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write-then-rename: readers (and a kill) see the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,5 +1,6 @@
 """Command-line entry: `accelerate launch src/train.py [options]`, or the `anytrain` script:
-`anytrain [train] [options]` trains, `anytrain sample RUN_DIR ...` prints text from a language model."""
+`anytrain [train] [options]` trains, `anytrain sample RUN_DIR ...` prints text from a language model,
+`anytrain plot RUN_DIR ...` draws a run's curves to a PNG."""
 
 from __future__ import annotations
 
@@ -16,10 +17,15 @@ def main(argv: list[str] | None = None) -> None:
         from .sample import main as sample_main
 
         return sample_main(argv[1:])
+    if argv[:1] == ["plot"]:
+        from .plot import main as plot_main
+
+        return plot_main(argv[1:])
     if argv[:1] == ["train"]:
         argv = argv[1:]
     try:
         cfg = parse_config(argv)
+        from .checkpoint import CheckpointWriteError
         from .trainer import NonFiniteLoss, Preempted, train  # imported late so `--help` and bad flags answer fast
 
         try:
@@ -27,8 +33,19 @@ def main(argv: list[str] | None = None) -> None:
         except Preempted as stop:  # SIGTERM -> 143, SIGINT -> 130, after saving a checkpoint
             _say(f"train.py: {stop}")
             _exit(stop.exit_code)
-        except NonFiniteLoss as err:
+        except (NonFiniteLoss, CheckpointWriteError) as err:
             _say(f"train.py: error: {err}")
+            _exit(1)
+        except RuntimeError as err:
+            if not is_collective_timeout(err):
+                raise
+            # every surviving rank says it: the stuck one cannot, and which rank noticed is the clue
+            rank = os.environ.get("RANK", "0")
+            print(
+                f"train.py: error: rank {rank} waited more than --collective-timeout {cfg.collective_timeout} s for the other ranks "
+                f"in a collective operation: a rank is hung, stopped or gone. The last checkpoint is in {cfg.output_dir}/checkpoints "
+                f"(continue with --resume)", file=sys.stderr, flush=True,
+            )
             _exit(1)
     except ConfigError as err:
         exit_on_config_error(err)
@@ -36,6 +53,13 @@ def main(argv: list[str] | None = None) -> None:
         _say(f"train.py: error: {err}")
         _exit(1)
     _exit(0)
+
+
+def is_collective_timeout(err: RuntimeError) -> bool:
+    """gloo raises a plain RuntimeError 'Timed out waiting 10000ms for recv operation to complete';
+    NCCL's watchdog reports a 'collective operation timeout'. (Failing to connect is not this.)"""
+    text = str(err).lower()
+    return ("timed out waiting" in text and "operation" in text) or "collective operation timeout" in text
 
 
 def _say(message: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import typing
@@ -77,9 +78,10 @@ class TrainConfig:
     log_every_steps: int = field(default=10, metadata={"help": "log the training loss (and, with several processes, check for SIGTERM/SIGINT) every N optimizer steps"})
     checkpoint_every_steps: int = field(default=0, metadata={"help": "also save a checkpoint every N optimizer steps; 0 = only at epoch ends"})
     keep_checkpoints: int = field(default=2, metadata={"help": "keep the newest K checkpoints (plus the best by validation loss); 0 = keep all"})
-    resume: str = field(default="", metadata={"help": "continue from a checkpoint: bare --resume = latest in --output-dir, or a checkpoint folder"})
+    resume: str = field(default="", metadata={"help": "continue from a checkpoint: bare --resume = latest in --output-dir, or a checkpoint folder; 'auto' = latest if --output-dir has one, else start fresh (for restarted or re-queued jobs)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing run in --output-dir (otherwise refused)"})
     progress: bool = field(default=True, metadata={"help": "show a tqdm progress bar (main process only)"})
+    collective_timeout: int = field(default=1800, metadata={"help": "seconds a rank waits in a collective (gradient all-reduce, barrier) for the others before the job fails with an error: a hung or stopped rank; long enough for the main process to prepare a large dataset first"})
 
     def __post_init__(self):
         # "auto" is settled here, once, so config.yaml and checkpoints hold what really ran.
@@ -208,7 +210,10 @@ def load_yaml(path: str) -> dict:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Range checks that need no data; data-dependent checks happen in data.py."""
-    positive = ["epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd"]
+    for name, kind in _TYPES.items():
+        if kind is float and not math.isfinite(getattr(cfg, name)):
+            raise ConfigError(f"{_flag(name)} must be a finite number, got {getattr(cfg, name)}")
+    positive = ["collective_timeout", "epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd"]
     non_negative = ["checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
     for name in positive:
         if getattr(cfg, name) <= 0:
@@ -271,4 +276,6 @@ def exit_on_config_error(err: ConfigError) -> typing.NoReturn:
 
 
 def save_config(cfg: TrainConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    os.replace(tmp, path)  # whole or absent

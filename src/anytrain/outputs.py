@@ -7,6 +7,7 @@ decides who calls it.
 from __future__ import annotations
 
 import json
+import os
 import resource
 from pathlib import Path
 
@@ -38,7 +39,9 @@ def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, data_metadata: 
     """safetensors file whose metadata says how to rebuild the model (see load_model): the config,
     and the task's data facts (features and classes, or the vocabulary)."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
-    save_file(tensors, str(path), metadata={"anytrain_config": json.dumps(cfg.to_dict()), **data_metadata})
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file(tensors, str(tmp), metadata={"anytrain_config": json.dumps(cfg.to_dict()), **data_metadata})
+    os.replace(tmp, path)  # whole or absent: a kill mid-write leaves the previous file or none
 
 
 def read_weights_metadata(path: str | Path) -> tuple[Path, TrainConfig, dict]:
@@ -68,4 +71,6 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)  # whole or absent

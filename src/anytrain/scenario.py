@@ -62,7 +62,7 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         # A collective that never completes (a rank stuck or gone) fails the job after this long
         # instead of hanging it; long enough for the main process to prepare a big dataset first.
         kwargs_handlers=[
-            InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=collective_timeout_s())),
+            InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=cfg.collective_timeout)),
             # DDP's gradients become views into its all-reduce buckets: one copy fewer per step, and
             # one gradient-sized buffer less memory. The numbers are unchanged.
             DistributedDataParallelKwargs(gradient_as_bucket_view=True),
@@ -90,10 +90,6 @@ def compile_problem() -> str | None:
     if not Path(sysconfig.get_paths()["include"], "Python.h").exists():
         return "TorchInductor on the CPU needs the Python development headers (Python.h), which are not installed"
     return None
-
-
-def collective_timeout_s() -> int:
-    return int(os.environ.get("ANYTRAIN_DIST_TIMEOUT", "1800"))
 
 
 def asked_for_several_cpu_processes() -> bool:

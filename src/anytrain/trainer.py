@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -28,6 +28,7 @@ from .checkpoint import (
     check_writable,
     find_resume_checkpoint,
     load_checkpoint,
+    resolve_auto_resume,
     save_checkpoint,
     start_run_folder,
 )
@@ -35,6 +36,7 @@ from .config import ConfigError, TrainConfig
 from .data import make_loader
 from .optim import build_optimizer, build_scheduler
 from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, write_json
+from .runlock import RunLock
 from .scenario import describe, format_scenario, make_accelerator
 from .tasks import get_task, per_sample
 
@@ -91,6 +93,9 @@ class StopSignals:
     def __init__(self):
         self.received = 0
         self.previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        # Past a file-size limit (`ulimit -f`) a write raises an error we can report, instead of the
+        # process being killed by SIGXFSZ in the middle of a checkpoint.
+        self.previous[signal.SIGXFSZ] = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
     def _handle(self, signum, frame):
         self.received = signum
@@ -160,16 +165,19 @@ class Parts:
 
 
 def train(cfg: TrainConfig) -> dict:
+    cfg = resolve_auto_resume(cfg)  # --resume auto: continue if there is a checkpoint, else start
     signals = StopSignals()
+    lock = RunLock(cfg.output_dir)  # one run per run folder, held by the main process for the run's life
     try:
-        return _train(cfg, signals)
+        return _train(cfg, signals, lock)
     finally:
+        lock.release()
         signals.restore()
         if torch.distributed.is_initialized():  # also on error paths: an abandoned gloo group can abort at exit
             torch.distributed.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, signals: StopSignals) -> dict:
+def _train(cfg: TrainConfig, signals: StopSignals, lock: RunLock) -> dict:
     started = time.perf_counter()
     accelerator = make_accelerator(cfg)
     if accelerator.device.type == "cpu":
@@ -178,21 +186,38 @@ def _train(cfg: TrainConfig, signals: StopSignals) -> dict:
         torch.set_flush_denormal(True)
     scenario = describe(accelerator)
     accelerator.print(format_scenario(scenario))
-    parts = setup(cfg, accelerator)
+    parts = setup(cfg, accelerator, lock)
     loop = Loop(cfg, parts, signals)
     loop.run()
     return finish(cfg, parts, loop, scenario, started)
 
 
-def setup(cfg: TrainConfig, accelerator: Accelerator) -> Parts:
+def take_lock(accelerator: Accelerator, lock: RunLock) -> None:
+    """The main process locks the run folder; every rank learns the outcome, so all stop together."""
+    outcome = [None, None]  # error, warning
+    if accelerator.is_main_process:
+        try:
+            outcome[1] = lock.acquire()
+        except ConfigError as err:
+            outcome[0] = str(err)
+    if accelerator.num_processes > 1:
+        broadcast_object_list(outcome)
+    if outcome[0]:
+        raise ConfigError(outcome[0])
+    if outcome[1]:
+        accelerator.print(f"anytrain: WARNING: {outcome[1]}")
+
+
+def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock) -> Parts:
     run_dir = Path(cfg.output_dir)
     # Every check that can refuse the run happens before anything is written.
     check_run_folder(cfg)
-    resume_from = find_resume_checkpoint(cfg) if cfg.resume else None
+    resume_from, pointer_warning = find_resume_checkpoint(cfg) if cfg.resume else (None, None)
     set_seed(cfg.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
     task = get_task(cfg)
     data = load_data(accelerator, cfg)
     check_writable(run_dir)
+    take_lock(accelerator, lock)
 
     model = task.build_model(cfg, data)
     optimizer = build_optimizer(cfg, model, accelerator.device.type)
@@ -203,14 +228,18 @@ def setup(cfg: TrainConfig, accelerator: Accelerator) -> Parts:
     total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
     scheduler = build_scheduler(cfg, optimizer, total_steps)
     progress = Progress(config=cfg.to_dict(), data=task.describe_data(data, model_of(accelerator, model)))
-    # save_state/load_state then carry these too (model, optimizer, scaler, sampler and RNGs are built in).
-    accelerator.register_for_checkpointing(progress, scheduler)
     if resume_from is not None:
-        load_checkpoint(accelerator, resume_from, cfg)  # restores progress and scheduler too
+        if pointer_warning:
+            accelerator.print(f"anytrain: WARNING: {pointer_warning}")
+        state = load_checkpoint(accelerator, resume_from, cfg)  # model, optimizer, scaler, RNG states
+        progress.load_state_dict(state["progress"])
+        scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        start_run_folder(run_dir, cfg, resumed_at_step=progress.step if resume_from else None)
+        note = start_run_folder(run_dir, cfg, resumed_at_step=progress.step if resume_from else None)
+        if note:
+            accelerator.print(f"anytrain: {note}")
     test_loader = loaders[2] if len(loaders) > 2 else None
     return Parts(accelerator, task, data, model, optimizer, scheduler, loaders[0], loaders[1], test_loader, progress, total_steps, resume_from)
 
@@ -368,7 +397,9 @@ class Loop:
         self.health()  # never save a checkpoint over a NaN: raises if the loss went non-finite since the last check
         self.progress.window = [(step, loss.item()) for step, loss in zip(self.window_steps, self.window_losses)]
         is_best = self.improved_at == self.progress.step
-        return save_checkpoint(self.accelerator, self.run_dir, self.progress.step, self.cfg.keep_checkpoints, is_best=is_best)
+        schedule = {k: v for k, v in self.parts.scheduler.state_dict().items() if k != "lr_lambdas"}  # plain numbers
+        state = {"progress": self.progress.state_dict(), "scheduler": schedule}
+        return save_checkpoint(self.accelerator, self.run_dir, self.progress.step, self.cfg.keep_checkpoints, is_best=is_best, state=state)
 
 
 def finish(cfg: TrainConfig, parts: Parts, loop: Loop, scenario: dict, started: float) -> dict:

@@ -93,6 +93,9 @@ def load_splits(cfg: TrainConfig) -> DataSplits:
     tensors = {name: _to_tensors(ds, cfg, source, name) for name, ds in splits.items()}
     num_classes, string_ids = _num_classes(tensors, cfg, source)
     tensors = {name: (x, _label_ids(y, string_ids)) for name, (x, y, _) in tensors.items()}
+    present = torch.unique(tensors["train"][1])
+    if len(present) < 2:
+        raise ConfigError(f"--label-column: every training row of {source} has the same label ({present.tolist()[0]}); a classifier needs at least 2 classes to learn")
     return _finish(tensors, cfg, num_classes, source)
 
 
