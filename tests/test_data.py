@@ -65,6 +65,10 @@ def test_string_labels_map_to_sorted_class_ids(tmp_path):
     rows = torch.cat([data.train.inputs, data.validation.inputs, data.test.inputs])[:, 0]
     labels = torch.cat([data.train.targets, data.validation.targets, data.test.targets])
     assert torch.equal(labels, (rows.long() % 2 == 0).long())  # 'cat' = 0, 'dog' = 1
+    assert data.class_names == ["cat", "dog"]  # saved with the weights, so a prediction can say the name
+    from anytrain.tasks import TASKS
+
+    assert TASKS["classify"].weights_metadata(data)["class_names"] == '["cat", "dog"]'
 
 
 def test_synthetic_is_learnable_and_sized_by_options():

@@ -13,6 +13,7 @@ positions (one position for a class label, block_size for a window).
 
 from __future__ import annotations
 
+import json
 import math
 
 import torch
@@ -62,7 +63,8 @@ class Classification:
         return {"num_features": data.num_features, "num_classes": data.num_classes, "train_samples": len(data.train)}
 
     def weights_metadata(self, data) -> dict:
-        return {"num_features": str(data.num_features), "num_classes": str(data.num_classes)}
+        names = {"class_names": json.dumps(data.class_names)} if data.class_names else {}
+        return {"num_features": str(data.num_features), "num_classes": str(data.num_classes), **names}
 
     def model_from_metadata(self, cfg: TrainConfig, meta: dict) -> nn.Module:
         from .models import build_model
