@@ -36,6 +36,28 @@ def fresh_accelerate_state():
     AcceleratorState._reset_state(True)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def no_curves():
+    """The end-of-run curves.png costs ~1 s of matplotlib per run: in-process runs skip it (launches
+    pass --no-plot, see launch() and start_run()); the `draws_curves` fixture turns it back on."""
+    import anytrain.trainer
+
+    REAL["write_curves"] = anytrain.trainer.write_curves
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(anytrain.trainer, "write_curves", lambda run_dir: None)
+        yield
+
+
+REAL = {}  # the trainer's own functions that the session fixture replaces
+
+
+@pytest.fixture
+def draws_curves(monkeypatch):
+    import anytrain.trainer
+
+    monkeypatch.setattr(anytrain.trainer, "write_curves", REAL["write_curves"])
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models run as fast (and steadier on a shared 2-core machine) on one intra-op thread."""
@@ -57,7 +79,7 @@ def launch(config: str, *args: str, extra_launch: tuple[str, ...] = (), timeout:
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(CONFIGS / config),
         "--main_process_port", str(free_port()),
-        *extra_launch, str(TRAIN), "--no-progress", *args,
+        *extra_launch, str(TRAIN), "--no-progress", "--no-plot", *args,
     ]
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=full_env)
@@ -84,7 +106,7 @@ def start_run(run_dir: Path, args: list[str], *extra: str, ranks: int = 1, env: 
     else:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "multi_cpu.yaml"),
                "--main_process_port", str(free_port()), str(TRAIN)]
-    return subprocess.Popen([*cmd, *args, "--output-dir", str(run_dir), *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([*cmd, "--no-plot", *args, "--output-dir", str(run_dir), *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env={**os.environ, **(env or {})})
 
 

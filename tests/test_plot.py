@@ -121,3 +121,13 @@ def test_missing_folder_and_unusable_metrics_exit_2(tmp_path, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no usable" in err
+
+
+def test_a_finished_run_draws_its_curves_into_the_run_folder(tmp_path, draws_curves):
+    from anytrain.trainer import train
+
+    train(TrainConfig(epochs=1, hidden_sizes=[8], progress=False, output_dir=str(tmp_path / "run")))
+    png = tmp_path / "run" / "curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    train(TrainConfig(epochs=1, hidden_sizes=[8], progress=False, plot=False, output_dir=str(tmp_path / "quiet")))
+    assert not (tmp_path / "quiet" / "curves.png").exists()  # --no-plot

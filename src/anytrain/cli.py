@@ -1,6 +1,7 @@
 """Command-line entry: `accelerate launch src/train.py [options]`, or the `anytrain` script:
 `anytrain [train] [options]` trains, `anytrain sample RUN_DIR ...` prints text from a language model,
-`anytrain plot RUN_DIR ...` draws a run's curves to a PNG."""
+`anytrain plot RUN_DIR ...` draws a run's curves to a PNG, `anytrain predict RUN_DIR --dataset FILE`
+classifies new rows."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def main(argv: list[str] | None = None) -> None:
         from .plot import main as plot_main
 
         return plot_main(argv[1:])
+    if argv[:1] == ["predict"]:
+        from .predict import main as predict_main
+
+        return predict_main(argv[1:])
     if argv[:1] == ["train"]:
         argv = argv[1:]
     try:

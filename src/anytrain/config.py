@@ -81,6 +81,9 @@ class TrainConfig:
     resume: str = field(default="", metadata={"help": "continue from a checkpoint: bare --resume = latest in --output-dir, or a checkpoint folder; 'auto' = latest if --output-dir has one, else start fresh (for restarted or re-queued jobs)"})
     overwrite: bool = field(default=False, metadata={"help": "replace an existing run in --output-dir (otherwise refused)"})
     progress: bool = field(default=True, metadata={"help": "show a tqdm progress bar (main process only)"})
+    plot: bool = field(default=True, metadata={"help": "draw the run's curves to curves.png in the run folder at the end (needs matplotlib; skipped without it)"})
+    report_to: str = field(default="none", metadata={"help": "also log the metrics to an experiment tracker through accelerate: none, tensorboard, trackio, wandb, mlflow or all (every installed one); metrics.jsonl is always written"})
+    run_name: str = field(default="", metadata={"help": "the run's name in the tracker (default: the --output-dir folder's name)"})
     collective_timeout: int = field(default=1800, metadata={"help": "seconds a rank waits in a collective (gradient all-reduce, barrier) for the others before the job fails with an error: a hung or stopped rank; long enough for the main process to prepare a large dataset first"})
 
     def __post_init__(self):
@@ -111,6 +114,7 @@ CHOICES = {
     "task": ("auto", "classify", "lm"),
     "model": ("auto", "mlp", "cnn", "gpt"),
     "vocab": ("auto", "char", "byte"),
+    "report_to": ("none", "tensorboard", "trackio", "wandb", "mlflow", "all"),
     "optimizer": ("adamw", "sgd"),
     "schedule": ("constant", "step", "cosine"),
 }

@@ -21,14 +21,21 @@ WEIGHTS = "model.safetensors"
 
 
 class MetricsLog:
-    """One JSON object per line: every logged training step and every evaluation."""
+    """One JSON object per line: every logged training step and every evaluation. With `tracker`
+    (accelerator.log), the same numbers also go to the experiment trackers, at the same steps,
+    named `train/loss`, `validation/loss`, `test/accuracy`, ..."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, tracker=None):
         self.file = open(path, "a", buffering=1) if path is not None else None
+        self.tracker = tracker
 
     def write(self, **record) -> None:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
+        if self.tracker is not None:
+            prefix = record["kind"] if record["kind"] == "train" else record["split"]
+            values = {f"{prefix}/{k}": v for k, v in record.items() if k not in ("kind", "split", "step", "epoch") and isinstance(v, (int, float))}
+            self.tracker(values, step=record["step"])
 
     def close(self) -> None:
         if self.file is not None:

@@ -21,9 +21,17 @@ from pathlib import Path
 import accelerate.optimizer
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+)
 
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
+
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb", "mlflow": "mlflow"}
 
 
 class LaunchError(RuntimeError):
@@ -52,6 +60,9 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     # run eager rather than fail with a long traceback at the first step (describe() says so).
     eager = {"dynamo_backend": "no"} if compile_problem() else {}
     return Accelerator(
+        # Experiment trackers, written by the main process; tensorboard logs under <output-dir>/trackers/<run name>.
+        log_with=trackers(cfg),
+        project_config=ProjectConfiguration(project_dir=cfg.output_dir, logging_dir=os.path.join(cfg.output_dir, "trackers")),
         # Without CUDA, cpu=True is what makes a multi-process launch join one gloo group
         # (otherwise each process trains alone); with CUDA the config decides.
         cpu=not torch.cuda.is_available(),
@@ -69,6 +80,22 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         ],
         **eager,
     )
+
+
+def trackers(cfg: TrainConfig):
+    """accelerate's log_with for --report-to; a tracker that is not installed is one line naming its extra."""
+    if cfg.report_to == "none":
+        return None
+    if cfg.report_to == "all":
+        return "all"
+    import accelerate.utils as available
+
+    if not getattr(available, f"is_{cfg.report_to}_available")():
+        raise ConfigError(
+            f"--report-to {cfg.report_to}: the {TRACKER_PACKAGES[cfg.report_to]} package is not installed "
+            f"(pip install 'anytrain[{cfg.report_to}]')"
+        )
+    return [cfg.report_to]
 
 
 def requested_compile_backend() -> str:

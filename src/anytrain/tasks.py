@@ -63,8 +63,10 @@ class Classification:
         return {"num_features": data.num_features, "num_classes": data.num_classes, "train_samples": len(data.train)}
 
     def weights_metadata(self, data) -> dict:
-        names = {"class_names": json.dumps(data.class_names)} if data.class_names else {}
-        return {"num_features": str(data.num_features), "num_classes": str(data.num_classes), **names}
+        extra = {"class_names": json.dumps(data.class_names)} if data.class_names else {}
+        if data.input_columns:
+            extra["input_columns"] = json.dumps(data.input_columns)
+        return {"num_features": str(data.num_features), "num_classes": str(data.num_classes), **extra}
 
     def model_from_metadata(self, cfg: TrainConfig, meta: dict) -> nn.Module:
         from .models import build_model

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,6 +242,9 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock) -> Parts:
         note = start_run_folder(run_dir, cfg, resumed_at_step=progress.step if resume_from else None)
         if note:
             accelerator.print(f"anytrain: {note}")
+    if cfg.report_to != "none":  # the config as the run's hyper-parameters (trackers take scalars)
+        hparams = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in cfg.to_dict().items()}
+        accelerator.init_trackers(cfg.run_name or run_dir.resolve().name, config=hparams)
     test_loader = loaders[2] if len(loaders) > 2 else None
     return Parts(accelerator, task, data, model, optimizer, scheduler, loaders[0], loaders[1], test_loader, progress, total_steps, resume_from)
 
@@ -257,7 +262,8 @@ class Loop:
         self.accelerator, self.progress = parts.accelerator, parts.progress
         self.run_dir = Path(cfg.output_dir)
         self.criterion = parts.task.criterion()
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl" if self.accelerator.is_main_process else None)
+        tracker = self.accelerator.log if cfg.report_to != "none" else None
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl" if self.accelerator.is_main_process else None, tracker)
         self.bar = tqdm(
             total=parts.total_steps, initial=self.progress.step, unit="step", dynamic_ncols=True,
             disable=not (cfg.progress and self.accelerator.is_main_process),
@@ -402,6 +408,18 @@ class Loop:
         return save_checkpoint(self.accelerator, self.run_dir, self.progress.step, self.cfg.keep_checkpoints, is_best=is_best, state=state)
 
 
+def write_curves(run_dir: Path) -> None:
+    """curves.png beside metrics.jsonl when matplotlib is there; a picture never fails a finished run."""
+    try:
+        from .plot import plot_runs
+
+        plot_runs([run_dir], run_dir / "curves.png")
+    except ImportError:
+        pass
+    except Exception as e:  # noqa: BLE001 - report, do not fail
+        print(f"anytrain: WARNING: could not draw {run_dir / 'curves.png'}: {e}", file=sys.stderr)
+
+
 def finish(cfg: TrainConfig, parts: Parts, loop: Loop, scenario: dict, started: float) -> dict:
     """Test evaluation, final weights and summary.json; returns the summary."""
     accelerator, progress, task, run_dir = parts.accelerator, parts.progress, parts.task, Path(cfg.output_dir)
@@ -441,6 +459,8 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, scenario: dict, started: 
     if accelerator.is_main_process:
         save_weights(state_dict, run_dir / WEIGHTS, cfg, task.weights_metadata(parts.data))
         write_json(run_dir / "summary.json", summary)
+        if cfg.plot:
+            write_curves(run_dir)
         final = test and {f"test_{k}": v for k, v in test.items()} or {f"val_{k}": v for k, v in loop.val.items()}
         accelerator.print(f"anytrain: {', '.join(f'{k} {v:.4f}' for k, v in final.items())}, {summary['wall_time_s']:.1f}s, run folder {run_dir}")
     loop.log.close()

@@ -56,6 +56,7 @@ class DataSplits:
     num_classes: int
     source: str
     class_names: list[str] | None = None  # string labels (sorted: id i is the i-th) or a ClassLabel's names
+    input_columns: list[str] | None = None  # the feature columns, in the order they were concatenated
 
     @property
     def feature_mean(self) -> torch.Tensor:
@@ -95,11 +96,12 @@ def load_splits(cfg: TrainConfig) -> DataSplits:
     num_classes, string_ids = _num_classes(tensors, cfg, source)
     feature_names = next(iter(tensors.values()))[2]
     class_names = list(string_ids) if string_ids is not None else list(feature_names) if feature_names else None
+    input_columns = cfg.input_columns or [c for c in splits["train"].column_names if c != cfg.label_column]
     tensors = {name: (x, _label_ids(y, string_ids)) for name, (x, y, _) in tensors.items()}
     present = torch.unique(tensors["train"][1])
     if len(present) < 2:
         raise ConfigError(f"--label-column: every training row of {source} has the same label ({present.tolist()[0]}); a classifier needs at least 2 classes to learn")
-    return _finish(tensors, cfg, num_classes, source, class_names)
+    return _finish(tensors, cfg, num_classes, source, class_names, input_columns)
 
 
 def _load_raw(name: str):
@@ -244,7 +246,8 @@ def _synthetic(cfg: TrainConfig) -> DataSplits:
     return _finish({"train": (features, labels)}, cfg, cfg.synthetic_classes, source)
 
 
-def _finish(tensors: dict, cfg: TrainConfig, num_classes: int, source: str, class_names: list[str] | None = None) -> DataSplits:
+def _finish(tensors: dict, cfg: TrainConfig, num_classes: int, source: str, class_names: list[str] | None = None,
+            input_columns: list[str] | None = None) -> DataSplits:
     """Carve the missing validation/test splits from train with a seeded permutation."""
     x, y = tensors["train"]
     fractions = {name: getattr(cfg, f"{'val' if name == 'validation' else 'test'}_fraction") for name in ("validation", "test") if name not in tensors}
@@ -271,4 +274,5 @@ def _finish(tensors: dict, cfg: TrainConfig, num_classes: int, source: str, clas
         num_classes=num_classes,
         source=source,
         class_names=class_names,
+        input_columns=input_columns,
     )

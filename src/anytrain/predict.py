@@ -1,0 +1,108 @@
+"""Use a trained classifier on new data:
+
+    anytrain predict runs/default --dataset new_rows.csv --output preds.jsonl
+    python -m anytrain.predict runs/default --dataset new_rows.parquet
+
+One JSON line per row: the row index, the predicted class id, its name when the training labels
+had names (strings or a ClassLabel), its probability, and the true label when the file has the
+run's label column. The file is read like training data (`datasets`: parquet, csv, json/jsonl, a
+save_to_disk folder); it must hold the run's input columns, saved with the weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import typing
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import ConfigError
+from .outputs import WEIGHTS, load_model, read_weights_metadata
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="anytrain predict", description="Predict classes for new rows with a trained classification run.")
+    parser.add_argument("run_dir", help="run folder (or its model.safetensors) of a classification run")
+    parser.add_argument("--dataset", required=True, help="rows to classify: a parquet/csv/json file or a save_to_disk folder")
+    parser.add_argument("--output", default="", help="write the predictions to this JSONL file (default: print them)")
+    parser.add_argument("--batch-size", type=int, default=1024, help="rows per forward pass (default: %(default)s)")
+    return parser
+
+
+def read_rows(dataset: str, columns: list[str]) -> tuple[torch.Tensor, np.ndarray | None, object]:
+    """(features in the run's column order, the file's split, its columns) or ConfigError."""
+    from .data import _load_raw, _named_splits, _numeric_rows
+
+    raw, source = _load_raw(dataset)
+    splits = _named_splits(raw)
+    ds = splits.get("test", splits["train"]) if len(splits) > 1 else splits["train"]
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise ConfigError(f"--dataset: {source} lacks the run's input columns {', '.join(missing)} (it has {', '.join(ds.column_names)})")
+    table = ds.with_format("arrow")
+    try:
+        features = np.concatenate([_numeric_rows(table[c]) for c in columns], axis=1)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"--dataset: the input columns of {source} are not numeric like the training data's ({e})") from None
+    return torch.from_numpy(features), ds, source
+
+
+def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
+    path = Path(run_dir)
+    weights = path / WEIGHTS if path.is_dir() else path
+    if not weights.is_file():
+        raise ConfigError(f"run_dir: no {WEIGHTS} in {run_dir} (a finished run folder is needed)")
+    _, cfg, meta = read_weights_metadata(weights)
+    if cfg.task != "classify":
+        raise ConfigError(f"run_dir: {run_dir} is a language-model run; use `anytrain sample {run_dir}`")
+    if "input_columns" not in meta:
+        raise ConfigError(f"run_dir: {run_dir} was trained on generated data (no input columns were saved with it)")
+    columns = json.loads(meta["input_columns"])
+    names = json.loads(meta["class_names"]) if "class_names" in meta else None
+    features, ds, source = read_rows(dataset, columns)
+    if features.shape[1] != int(meta["num_features"]):
+        raise ConfigError(f"--dataset: {source} gives {features.shape[1]} features per row; the run was trained on {meta['num_features']}")
+    model = load_model(weights)
+    with torch.no_grad():
+        probs = torch.cat([model(features[i : i + batch_size]).float().softmax(-1) for i in range(0, len(features), batch_size)])
+    best, ids = probs.max(-1)
+    labels = ds[cfg.label_column] if cfg.label_column in ds.column_names else None
+    rows = []
+    for i, (k, p) in enumerate(zip(ids.tolist(), best.tolist())):
+        row = {"row": i, "class_id": k, "class_name": names[k] if names else None, "probability": p}
+        if labels is not None:
+            row["label"] = labels[i]
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.batch_size <= 0:
+            raise ConfigError(f"--batch-size must be positive, got {args.batch_size}")
+        text = "".join(json.dumps(row) + "\n" for row in predict(args.run_dir, args.dataset, args.batch_size))
+    except ConfigError as err:
+        print(f"anytrain predict: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    if args.output:
+        out = Path(args.output)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(out)
+        print(f"anytrain predict: {text.count(chr(10))} predictions written to {out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""`anytrain predict`: a trained classifier on new rows, with class names, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from anytrain import TrainConfig
+from anytrain.cli import main
+from anytrain.data import DIGITS_PATH
+from anytrain.trainer import train
+
+
+def rows(n: int, offset: int = 0) -> str:
+    # "big" when x + y > 50: learnable by a small MLP; z is noise
+    return "".join(f"{x},{y},{(x * 7) % 5},{'big' if x + y > 50 else 'small'}\n" for x, y in ((i % 50 + offset, (i * 3) % 50) for i in range(n)))
+
+
+@pytest.fixture(scope="module")
+def named_run(tmp_path_factory):
+    from accelerate.state import AcceleratorState
+
+    folder = tmp_path_factory.mktemp("predict")
+    (folder / "train.csv").write_text("x,y,z,size\n" + rows(600))
+    AcceleratorState._reset_state(True)
+    summary = train(TrainConfig(dataset=str(folder / "train.csv"), label_column="size", epochs=25, hidden_sizes=[32], dropout=0.0,
+                                progress=False, output_dir=str(folder / "run")))
+    AcceleratorState._reset_state(True)
+    return folder, summary
+
+
+def test_predictions_name_the_class_and_match_the_labels(named_run, capsys):
+    folder, summary = named_run
+    assert summary["test_accuracy"] > 0.9
+    (folder / "new.csv").write_text("z,y,x,size\n" + "".join(",".join(r.split(",")[i] for i in (2, 1, 0, 3)) for r in rows(200, 1).splitlines(True)))
+    main(["predict", str(folder / "run"), "--dataset", str(folder / "new.csv"), "--output", str(folder / "preds.jsonl")])
+    preds = [json.loads(line) for line in (folder / "preds.jsonl").read_text().splitlines()]
+    assert len(preds) == 200 and [p["row"] for p in preds] == list(range(200))
+    assert {p["class_name"] for p in preds} <= {"big", "small"} and all(0.5 <= p["probability"] <= 1 for p in preds)
+    assert all(p["class_name"] == ["big", "small"][p["class_id"]] for p in preds)  # string labels map to sorted ids
+    accuracy = sum(p["class_name"] == p["label"] for p in preds) / len(preds)
+    assert accuracy > 0.85, accuracy  # columns found by name, not position
+    assert "200 predictions written to" in capsys.readouterr().err
+
+
+def test_predicting_the_bundled_digits_with_a_digits_run(tmp_path, capsys):
+    train(TrainConfig(epochs=10, hidden_sizes=[64], progress=False, output_dir=str(tmp_path / "run")))
+    capsys.readouterr()
+    main(["predict", str(tmp_path / "run"), "--dataset", str(DIGITS_PATH)])
+    preds = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(preds) == 1797 and preds[0]["class_name"] is None  # integer labels carry no names
+    assert sum(p["class_id"] == p["label"] for p in preds) / 1797 > 0.9
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda folder: (folder / "bad.csv").write_text("x,w\n1,2\n"), "lacks the run's input columns y, z"),
+        (lambda folder: (folder / "bad.csv").write_text("x,y,z\n1,2,three\n"), "are not numeric like the training data's"),
+    ],
+)
+def test_rows_that_do_not_match_the_run_are_one_line_and_exit_2(named_run, capsys, make, expected):
+    folder, _ = named_run
+    make(folder)
+    with pytest.raises(SystemExit) as exc:
+        main(["predict", str(folder / "run"), "--dataset", str(folder / "bad.csv")])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_a_language_model_run_points_to_sample(tmp_path, capsys):
+    train(TrainConfig(dataset="shakespeare", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=8, max_steps=3, eval_windows=5,
+                      progress=False, output_dir=str(tmp_path / "lm")))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["predict", str(tmp_path / "lm"), "--dataset", str(DIGITS_PATH)])
+    assert exc.value.code == 2 and "is a language-model run; use `anytrain sample" in capsys.readouterr().err
