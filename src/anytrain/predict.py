@@ -65,7 +65,7 @@ def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
     if cfg.task != "classify":
         raise ConfigError(f"run_dir: {run_dir} is a language-model run; use `anytrain sample {run_dir}`")
     if "input_columns" not in meta:
-        raise ConfigError(f"run_dir: {run_dir} was trained on generated data (no input columns were saved with it)")
+        raise ConfigError(f"run_dir: no input columns were saved with {run_dir} (trained on generated data, or by an older anytrain)")
     columns = json.loads(meta["input_columns"])
     names = json.loads(meta["class_names"]) if "class_names" in meta else None
     features, ds, source = read_rows(dataset, columns)
