@@ -135,6 +135,9 @@ class _OneLineParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+OneLineParser = _OneLineParser  # for the other commands (sample, predict, plot)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(
         prog="train.py",

@@ -14,23 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import typing
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, OneLineParser
 from .outputs import WEIGHTS, load_model, read_weights_metadata
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        raise ConfigError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="anytrain predict", description="Predict classes for new rows with a trained classification run.")
+    parser = OneLineParser(prog="anytrain predict", description="Predict classes for new rows with a trained classification run.")
     parser.add_argument("run_dir", help="run folder (or its model.safetensors) of a classification run")
     parser.add_argument("--dataset", required=True, help="rows to classify: a parquet/csv/json file or a save_to_disk folder")
     parser.add_argument("--output", default="", help="write the predictions to this JSONL file (default: print them)")

@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
 from pathlib import Path
 
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, OneLineParser
 from .outputs import WEIGHTS, load_model, read_weights_metadata
 from .tasks import vocab_of
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        raise ConfigError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="anytrain sample", description="Print text sampled from a trained language-model run.")
+    parser = OneLineParser(prog="anytrain sample", description="Print text sampled from a trained language-model run.")
     parser.add_argument("run_dir", help="run folder (or its model.safetensors) of a language-model run")
     parser.add_argument("--prompt", default="\n", help="text to continue; cropped to the last block_size tokens (default: a newline)")
     parser.add_argument("--tokens", type=int, default=500, help="tokens to generate (default: %(default)s)")
