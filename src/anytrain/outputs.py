@@ -51,6 +51,17 @@ def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, data_metadata: 
     os.replace(tmp, path)  # whole or absent: a kill mid-write leaves the previous file or none
 
 
+def weights_file(run_dir: str | Path) -> Path:
+    """A finished run folder's model.safetensors (or the file itself); ConfigError naming run_dir if absent."""
+    from .config import ConfigError
+
+    path = Path(run_dir)
+    weights = path / WEIGHTS if path.is_dir() else path
+    if not weights.is_file():
+        raise ConfigError(f"run_dir: no {WEIGHTS} in {run_dir} (a finished run folder is needed)")
+    return weights
+
+
 def read_weights_metadata(path: str | Path) -> tuple[Path, TrainConfig, dict]:
     """(weights file, the config it was trained with, its metadata) of a run folder or model.safetensors."""
     path = Path(path)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError, OneLineParser
-from .outputs import WEIGHTS, load_model, read_weights_metadata
+from .outputs import load_model, read_weights_metadata, weights_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,10 +51,7 @@ def read_rows(dataset: str, columns: list[str]) -> tuple[torch.Tensor, np.ndarra
 
 
 def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
-    path = Path(run_dir)
-    weights = path / WEIGHTS if path.is_dir() else path
-    if not weights.is_file():
-        raise ConfigError(f"run_dir: no {WEIGHTS} in {run_dir} (a finished run folder is needed)")
+    weights = weights_file(run_dir)
     _, cfg, meta = read_weights_metadata(weights)
     if cfg.task != "classify":
         raise ConfigError(f"run_dir: {run_dir} is a language-model run; use `anytrain sample {run_dir}`")

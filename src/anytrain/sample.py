@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
 from .config import ConfigError, OneLineParser
-from .outputs import WEIGHTS, load_model, read_weights_metadata
+from .outputs import load_model, read_weights_metadata, weights_file
 from .tasks import vocab_of
 
 
@@ -36,10 +35,7 @@ def sample(run_dir: str, prompt: str = "\n", tokens: int = 500, temperature: flo
     """The prompt followed by `tokens` sampled tokens, decoded. ConfigError on bad input."""
     from .gpt import generate
 
-    path = Path(run_dir)
-    weights = path / WEIGHTS if path.is_dir() else path
-    if not weights.is_file():
-        raise ConfigError(f"run_dir: no {WEIGHTS} in {run_dir} (a finished run folder is needed)")
+    weights = weights_file(run_dir)
     if tokens < 0 or temperature <= 0 or top_k < 0:
         bad = "--tokens must not be negative" if tokens < 0 else "--temperature must be positive" if temperature <= 0 else "--top-k must not be negative"
         raise ConfigError(bad)

@@ -43,7 +43,6 @@ class Vocab:
         self.dtype = np.uint8 if self.size <= 256 else np.uint16
         codes = np.array([ord(c) for c in chars], dtype=np.int64)
         self._codes = codes  # sorted, since chars is
-        self._index = {c: i for i, c in enumerate(chars)}
 
     def encode(self, text: str) -> np.ndarray:
         if self.kind == "byte":
