@@ -47,7 +47,8 @@ def test_help_lists_every_option_with_its_default():
         (["--lr=-1e-3"], "--lr must be positive"),
         (["--batch-size", "0"], "--batch-size must be positive"),
         (["--lr", "fast"], "argument --lr: invalid float value"),
-        (["--model", "resnet"], "argument --model: invalid choice"),
+        (["--model", "transformer"], "--model: unknown model 'transformer' (choose mlp, cnn, resnet, gpt"),
+        (["--model", "resnet"], "--model resnet needs image data"),
         (["--optimizer", "lion"], "argument --optimizer: invalid choice"),
         (["--schedule", "linear"], "argument --schedule: invalid choice"),
         (["--no-such-option", "1"], "unrecognized arguments: --no-such-option"),
@@ -69,7 +70,7 @@ def test_bad_flags_get_one_line_and_exit_2(capsys, argv, expected):
         ("learning_rate: 0.1\n", "unknown option 'learning_rate'"),
         ("batch_size: many\n", "option 'batch_size' must be int, got 'many'"),
         ("lr: true\n", "option 'lr' must be float"),
-        ("model: transformer\n", "option 'model' must be one of auto, mlp, cnn, gpt"),
+        ("optimizer: lion\n", "option 'optimizer' must be one of adamw, sgd"),
         ("- just\n- a list\n", "must hold a mapping"),
         ("lr: [1, 2\n", "is not valid YAML"),
     ],
@@ -92,11 +93,11 @@ def test_the_anytrain_command_takes_train_as_an_optional_subcommand(capsys):
 
 
 def test_the_task_and_model_follow_the_data_unless_given():
-    assert (TrainConfig().task, TrainConfig().model) == ("classify", "mlp")
+    assert (TrainConfig().task, TrainConfig().model) == ("classify", "auto")  # settled by the data: mlp for tables
     assert (TrainConfig(dataset="shakespeare").task, TrainConfig(dataset="shakespeare").model) == ("lm", "gpt")
     assert TrainConfig(dataset="book.TXT").task == "lm" and TrainConfig(model="gpt").task == "lm"
     assert TrainConfig(dataset="digits", text_column="caption").task == "lm"
-    assert TrainConfig(dataset="shakespeare", task="classify").model == "mlp"  # an explicit task wins
+    assert TrainConfig(dataset="shakespeare", task="classify").model == "auto"  # an explicit task wins
 
 
 def test_data_whose_training_rows_share_one_label_is_refused(capsys, tmp_path):

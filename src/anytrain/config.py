@@ -38,11 +38,14 @@ class TrainConfig:
     text_column: str = field(default="", metadata={"help": "lm: column holding the text of a parquet/json/csv/hub dataset (empty = 'text')"})
     vocab: str = field(default="auto", metadata={"help": "lm: char (the training text's characters), byte (UTF-8 bytes, 256 tokens) or auto (char when the training alphabet has at most 256 characters and covers the validation text)"})
     block_size: int = field(default=64, metadata={"help": "lm: context length in tokens (each training window holds block_size + 1 tokens)"})
+    image_size: int = field(default=0, metadata={"help": "images: resize every image to N x N pixels; 0 = the first training image's larger side"})
+    augment: list[str] = field(default_factory=lambda: ["crop", "flip"], metadata={"help": "images: training augmentations, any of crop (random crop after padding by image_size/8) and flip (horizontal); none given = no augmentation"})
     eval_windows: int = field(default=0, metadata={"help": "lm: validation windows per evaluation; 0 = every non-overlapping window of the validation text"})
     # --- model ---
-    model: str = field(default="auto", metadata={"help": "model from the registry: mlp, cnn (classify) or gpt (lm); auto = mlp for classify, gpt for lm"})
+    model: str = field(default="auto", metadata={"help": "the model: mlp, cnn, resnet (classify; resnet needs images) or gpt (lm) from the registry, or your own factory as package.module:function or path/to/file.py:function (README: 'Your own model and data'); auto = mlp for tables, resnet for images, gpt for text"})
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256], metadata={"help": "MLP hidden layer widths"})
-    channels: list[int] = field(default_factory=lambda: [16, 32], metadata={"help": "CNN conv channels (inputs must form a square image)"})
+    channels: list[int] = field(default_factory=lambda: [16, 32], metadata={"help": "cnn: conv channels (tabular inputs must form a square image); resnet: the width of each stage"})
+    blocks_per_stage: int = field(default=2, metadata={"help": "resnet: residual blocks per stage (--channels 16 32 64 --blocks-per-stage 3 is ResNet-20)"})
     n_layer: int = field(default=4, metadata={"help": "gpt: transformer blocks"})
     n_head: int = field(default=4, metadata={"help": "gpt: attention heads per block (must divide n_embd)"})
     n_embd: int = field(default=128, metadata={"help": "gpt: embedding width"})
@@ -90,8 +93,8 @@ class TrainConfig:
         # "auto" is settled here, once, so config.yaml and checkpoints hold what really ran.
         if self.task == "auto":
             self.task = "lm" if self.model == "gpt" or is_text_dataset(self.dataset, self.text_column) else "classify"
-        if self.model == "auto":
-            self.model = "gpt" if self.task == "lm" else "mlp"
+        if self.model == "auto" and self.task == "lm":  # a classifier's auto is settled by the data: mlp for tables, resnet for images
+            self.model = "gpt"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -110,9 +113,10 @@ def is_text_dataset(dataset: str, text_column: str) -> bool:
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _TYPES = typing.get_type_hints(TrainConfig)
+REGISTRY_MODELS = {"classify": ("mlp", "cnn", "resnet"), "lm": ("gpt",)}  # models.REGISTRY, by task
+AUGMENTATIONS = ("crop", "flip")
 CHOICES = {
     "task": ("auto", "classify", "lm"),
-    "model": ("auto", "mlp", "cnn", "gpt"),
     "vocab": ("auto", "char", "byte"),
     "report_to": ("none", "tensorboard", "trackio", "wandb", "mlflow", "all"),
     "optimizer": ("adamw", "sgd"),
@@ -220,8 +224,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name, kind in _TYPES.items():
         if kind is float and not math.isfinite(getattr(cfg, name)):
             raise ConfigError(f"{_flag(name)} must be a finite number, got {getattr(cfg, name)}")
-    positive = ["collective_timeout", "epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd"]
-    non_negative = ["checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
+    positive = ["collective_timeout", "epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd", "blocks_per_stage"]
+    non_negative = ["image_size", "checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{_flag(name)} must be positive, got {getattr(cfg, name)}")
@@ -237,9 +241,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"--min-lr ({cfg.min_lr}) must not exceed --lr ({cfg.lr})")
     if cfg.n_embd % cfg.n_head:
         raise ConfigError(f"--n-head ({cfg.n_head}) must divide --n-embd ({cfg.n_embd})")
-    models = {"classify": ("mlp", "cnn"), "lm": ("gpt",)}[cfg.task]
-    if cfg.model not in models:
-        raise ConfigError(f"--model {cfg.model} does not fit --task {cfg.task} (choose {' or '.join(models)})")
+    models = REGISTRY_MODELS[cfg.task]
+    if ":" not in cfg.model and cfg.model not in (*models, "auto"):
+        known = sum(REGISTRY_MODELS.values(), ())
+        if cfg.model in known:
+            raise ConfigError(f"--model {cfg.model} does not fit --task {cfg.task} (choose {' or '.join(models)})")
+        raise ConfigError(f"--model: unknown model '{cfg.model}' (choose {', '.join(known)}, or give your own as module:factory or file.py:factory)")
+    for name in cfg.augment:
+        if name not in AUGMENTATIONS:
+            raise ConfigError(f"--augment: unknown augmentation '{name}' (choose from {', '.join(AUGMENTATIONS)})")
     if cfg.synthetic_classes < 2:
         raise ConfigError(f"--synthetic-classes must be at least 2, got {cfg.synthetic_classes}")
     if not 0 < cfg.gamma <= 1:

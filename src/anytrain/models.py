@@ -1,7 +1,12 @@
-"""Classifiers by name (`--model mlp|cnn`; the language model, `--model gpt`, is in gpt.py). Each
-is a flat nn.Sequential (so the model-parallel module can cut it at any layer) whose first layer
-standardises raw features with the training split's statistics: the saved weights then work on
-raw data, with no separate preprocessing file to lose."""
+"""The model registry (`--model mlp|cnn|resnet|gpt`) and the factories behind it. Every factory
+has the signature a user's `--model module:factory` has: `factory(cfg, shape) -> nn.Module`
+(shape.py says what the module receives and returns).
+
+On tabular data each classifier is a flat nn.Sequential (so the model-parallel module can cut it
+at any layer) whose first layer standardises raw features with the training split's statistics:
+the saved weights then work on raw data, with no separate preprocessing file to lose. Images
+arrive normalised by the data pipeline (data/images.py), so image models start at their first layer.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import torch
 from torch import nn
 
 from .config import ConfigError, TrainConfig
+from .shape import DataShape
 
 
 class Standardize(nn.Module):
@@ -25,24 +31,47 @@ class Standardize(nn.Module):
         return (x - self.mean) / self.std
 
 
-def build_mlp(cfg: TrainConfig, num_features: int, num_classes: int) -> list[nn.Module]:
+def standardize(shape: DataShape) -> list[nn.Module]:
+    """Tabular inputs: the Standardize layer (mean/std 0/1 when weights will be loaded over them)."""
+    if shape.kind != "tabular":
+        return []
+    mean = torch.zeros(shape.num_features) if shape.feature_mean is None else shape.feature_mean
+    std = torch.ones(shape.num_features) if shape.feature_std is None else shape.feature_std
+    return [Standardize(mean, std)]
+
+
+def hidden_layers(cfg: TrainConfig, width: int) -> tuple[list[nn.Module], int]:
+    """cfg.hidden_sizes as Linear + ReLU (+ Dropout) layers from `width` inputs; returns (layers, last width)."""
     layers: list[nn.Module] = []
-    width = num_features
     for hidden in cfg.hidden_sizes:
         layers += [nn.Linear(width, hidden), nn.ReLU()]
         if cfg.dropout:
             layers.append(nn.Dropout(cfg.dropout))
         width = hidden
-    layers.append(nn.Linear(width, num_classes))
-    return layers
+    return layers, width
 
 
-def build_cnn(cfg: TrainConfig, num_features: int, num_classes: int) -> list[nn.Module]:
-    side = math.isqrt(num_features)
-    if side * side != num_features:
-        raise ConfigError(f"--model cnn needs inputs that form a square one-channel image; got {num_features} features")
-    layers: list[nn.Module] = [nn.Unflatten(1, (1, side, side))]
-    channels = 1
+def build_mlp(cfg: TrainConfig, shape: DataShape) -> nn.Sequential:
+    """Fully connected layers; images are flattened first."""
+    if shape.kind == "image":
+        first, width = [nn.Flatten()], shape.channels * shape.image_size**2
+    else:
+        first, width = standardize(shape), shape.num_features
+    layers, width = hidden_layers(cfg, width)
+    return nn.Sequential(*first, *layers, nn.Linear(width, shape.num_classes))
+
+
+def build_cnn(cfg: TrainConfig, shape: DataShape) -> nn.Sequential:
+    """3x3 convolutions (cfg.channels), one 2x2 max-pool, a 128-wide hidden layer. Tabular inputs
+    must form a square one-channel image (e.g. the 8x8 digits' 64 pixels)."""
+    if shape.kind == "image":
+        first, channels, side = [], shape.channels, shape.image_size
+    else:
+        side, channels = math.isqrt(shape.num_features), 1
+        if side * side != shape.num_features:
+            raise ConfigError(f"--model cnn needs inputs that form a square one-channel image; got {shape.num_features} features")
+        first = [*standardize(shape), nn.Unflatten(1, (1, side, side))]
+    layers: list[nn.Module] = []
     for out in cfg.channels:
         layers += [nn.Conv2d(channels, out, kernel_size=3, padding=1), nn.ReLU()]
         channels = out
@@ -50,17 +79,61 @@ def build_cnn(cfg: TrainConfig, num_features: int, num_classes: int) -> list[nn.
     layers += [nn.MaxPool2d(2) if side >= 2 else nn.Identity(), nn.Flatten(), nn.Linear(channels * pooled * pooled, 128), nn.ReLU()]
     if cfg.dropout:
         layers.append(nn.Dropout(cfg.dropout))
-    layers.append(nn.Linear(128, num_classes))
-    return layers
+    return nn.Sequential(*first, *layers, nn.Linear(128, shape.num_classes))
 
 
-MODELS = {"mlp": build_mlp, "cnn": build_cnn}
+class BasicBlock(nn.Module):
+    """Two 3x3 conv + batch-norm layers with an identity (or 1x1 projection) shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        projection = stride != 1 or cin != cout
+        self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)) if projection else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+def build_resnet(cfg: TrainConfig, shape: DataShape) -> nn.Sequential:
+    """A CIFAR-style ResNet (He et al. 2016, section 4.2): a 3x3 stem, one stage per entry of
+    cfg.channels with cfg.blocks_per_stage BasicBlocks (every stage after the first halves the
+    resolution), global average pooling, one Linear. `--channels 16 32 64 --blocks-per-stage 3` is
+    ResNet-20. Any image size works (the pooling is adaptive); tabular inputs are refused."""
+    if shape.kind != "image":
+        raise ConfigError("--model resnet needs image data (an Image column or a folder of images)")
+    if not cfg.channels:
+        raise ConfigError("--channels must name at least one stage for the resnet model")
+    width = cfg.channels[0]
+    layers: list[nn.Module] = [nn.Conv2d(shape.channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    for stage, out in enumerate(cfg.channels):
+        for block in range(cfg.blocks_per_stage):
+            layers.append(BasicBlock(width, out, stride=2 if stage > 0 and block == 0 else 1))
+            width = out
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    if cfg.dropout:
+        layers.append(nn.Dropout(cfg.dropout))
+    return nn.Sequential(*layers, nn.Linear(width, shape.num_classes))
+
+
+def build_gpt_model(cfg: TrainConfig, shape: DataShape) -> nn.Module:
+    from .gpt import build_gpt
+
+    if shape.kind != "text":
+        raise ConfigError("--model gpt needs text data (--task lm)")
+    return build_gpt(cfg, shape.vocab_size)
+
+
+REGISTRY = {"mlp": build_mlp, "cnn": build_cnn, "resnet": build_resnet, "gpt": build_gpt_model}
 
 
 def build_model(cfg: TrainConfig, num_features: int, num_classes: int, mean: torch.Tensor | None = None, std: torch.Tensor | None = None) -> nn.Sequential:
-    """The named model; mean/std default to 0/1 (e.g. when weights are loaded over them)."""
-    if cfg.model not in MODELS:
-        raise ConfigError(f"--model: unknown model '{cfg.model}' (choose from {', '.join(MODELS)})")
-    mean = torch.zeros(num_features) if mean is None else mean
-    std = torch.ones(num_features) if std is None else std
-    return nn.Sequential(Standardize(mean, std), *MODELS[cfg.model](cfg, num_features, num_classes))
+    """The registry's tabular classifier (mlp, the default, or cnn) for rows of num_features; mean/std default to 0/1."""
+    name = "mlp" if cfg.model == "auto" else cfg.model
+    if name not in ("mlp", "cnn"):
+        raise ConfigError(f"--model: '{cfg.model}' is not a tabular classifier (choose mlp or cnn)")
+    return REGISTRY[name](cfg, DataShape("tabular", num_classes=num_classes, num_features=num_features, feature_mean=mean, feature_std=std))

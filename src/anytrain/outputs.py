@@ -73,11 +73,12 @@ def read_weights_metadata(path: str | Path) -> tuple[Path, TrainConfig, dict]:
     return path, TrainConfig(**{k: v for k, v in saved.items() if k in FIELDS}), meta
 
 
-def load_model(path: str | Path) -> torch.nn.Module:
+def load_model(path: str | Path, model: torch.nn.Module | None = None) -> torch.nn.Module:
     """Rebuild the trained model from a run folder (or its model.safetensors), ready for inference
-    (a classifier on raw features, a GPT on token ids)."""
+    (a classifier on raw features or normalised images, a GPT on token ids). A model that was
+    passed to anytrain.train() as an object is not rebuilt: pass a fresh one as `model`."""
     path, cfg, meta = read_weights_metadata(path)
-    model = get_task(cfg).model_from_metadata(cfg, meta)
+    model = get_task(cfg).model_from_metadata(cfg, meta, model)
     model.load_state_dict(load_file(str(path)))
     return model.eval()
 

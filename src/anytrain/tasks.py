@@ -21,6 +21,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import TrainConfig
+from .shape import DataShape
+from .usermodel import make_model
 
 
 def per_sample(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,18 +39,20 @@ class TokenCrossEntropy(nn.Module):
         return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
 
 
+def model_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
 class Classification:
     name = "classify"
 
-    def load_data(self, cfg: TrainConfig):
+    def load_data(self, cfg: TrainConfig, given=None):
         from .data import load_splits
 
-        return load_splits(cfg)
+        return load_splits(cfg, given)
 
-    def build_model(self, cfg: TrainConfig, data) -> nn.Module:
-        from .models import build_model
-
-        return build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
+    def build_model(self, cfg: TrainConfig, data, given=None) -> nn.Module:
+        return make_model(cfg, data.shape(), given)
 
     def criterion(self) -> nn.Module:
         return nn.CrossEntropyLoss()
@@ -60,32 +64,37 @@ class Classification:
         return {"samples_per_s": samples / seconds if seconds > 0 else None}
 
     def describe_data(self, data, model: nn.Module) -> dict:
-        return {"num_features": data.num_features, "num_classes": data.num_classes, "train_samples": len(data.train)}
+        return {**data.describe(), "parameters": model_parameters(model)}
 
     def weights_metadata(self, data) -> dict:
+        shape = data.shape()
         extra = {"class_names": json.dumps(data.class_names)} if data.class_names else {}
         if data.input_columns:
             extra["input_columns"] = json.dumps(data.input_columns)
-        return {"num_features": str(data.num_features), "num_classes": str(data.num_classes), **extra}
+        if shape.kind == "image":  # what predict needs to prepare new images the same way
+            extra["image_look"] = json.dumps({"mode": data.look.mode, "size": data.look.size, "mean": data.look.mean.tolist(), "std": data.look.std.tolist()})
+        else:
+            extra["num_features"] = str(data.num_features)
+        return {"data_shape": shape.to_json(), "num_classes": str(data.num_classes), **extra}
 
-    def model_from_metadata(self, cfg: TrainConfig, meta: dict) -> nn.Module:
-        from .models import build_model
-
-        return build_model(cfg, int(meta["num_features"]), int(meta["num_classes"]))
+    def model_from_metadata(self, cfg: TrainConfig, meta: dict, given=None) -> nn.Module:
+        if "data_shape" in meta:
+            shape = DataShape.from_json(meta["data_shape"])
+        else:  # runs saved before data_shape existed
+            shape = DataShape("tabular", num_classes=int(meta["num_classes"]), num_features=int(meta["num_features"]))
+        return make_model(cfg, shape, given)
 
 
 class LanguageModel:
     name = "lm"
 
-    def load_data(self, cfg: TrainConfig):
+    def load_data(self, cfg: TrainConfig, given=None):
         from .data.text import load_text_splits
 
-        return load_text_splits(cfg)
+        return load_text_splits(cfg, given)
 
-    def build_model(self, cfg: TrainConfig, data) -> nn.Module:
-        from .gpt import build_gpt
-
-        return build_gpt(cfg, data.vocab.size)
+    def build_model(self, cfg: TrainConfig, data, given=None) -> nn.Module:
+        return make_model(cfg, data.shape(), given)
 
     def criterion(self) -> nn.Module:
         return TokenCrossEntropy()
@@ -99,24 +108,22 @@ class LanguageModel:
         return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds}
 
     def describe_data(self, data, model: nn.Module) -> dict:
-        return {
-            "vocab_kind": data.vocab.kind,
-            "vocab_size": data.vocab.size,
-            "train_tokens": data.train.num_tokens,
-            "validation_tokens": data.validation.num_tokens,
-            "validation_windows": len(data.validation),
-            "parameters": model.num_parameters(),
-            "flops_per_token": model.flops_per_token(),
-        }
+        described = {**data.describe(), "parameters": model_parameters(model)}
+        if hasattr(model, "flops_per_token"):  # the registry's GPT (MFU in benchmarks/lm_gpu.py)
+            described.update(parameters=model.num_parameters(), flops_per_token=model.flops_per_token())
+        return described
 
     def weights_metadata(self, data) -> dict:
-        return {"vocab": data.vocab.to_json()}
+        return {"vocab": data.vocab.to_json(), "data_shape": data.shape().to_json()}
 
-    def model_from_metadata(self, cfg: TrainConfig, meta: dict) -> nn.Module:
+    def model_from_metadata(self, cfg: TrainConfig, meta: dict, given=None) -> nn.Module:
         from .data.text import Vocab
-        from .gpt import build_gpt
 
-        return build_gpt(cfg, Vocab.from_json(meta["vocab"]).size)
+        if "data_shape" in meta:
+            shape = DataShape.from_json(meta["data_shape"])
+        else:
+            shape = DataShape("text", vocab_size=Vocab.from_json(meta["vocab"]).size, block_size=cfg.block_size)
+        return make_model(cfg, shape, given)
 
 
 TASKS = {"classify": Classification(), "lm": LanguageModel()}

@@ -41,6 +41,7 @@ from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, write
 from .runlock import RunLock
 from .scenario import describe, format_scenario, make_accelerator
 from .tasks import get_task, per_sample
+from .usermodel import model_name
 
 
 def evaluate(model: nn.Module, loader, accelerator) -> dict:
@@ -67,11 +68,11 @@ def weights_fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
-def load_data(accelerator, cfg: TrainConfig):
+def load_data(accelerator, cfg: TrainConfig, given=None):
     # The main process prepares (and caches) the dataset first; the others then read the cache.
     with accelerator.main_process_first():
         try:
-            return get_task(cfg).load_data(cfg)
+            return get_task(cfg).load_data(cfg, given)
         except ConfigError as err:
             error = err  # leave the context normally so no rank is left waiting at its barrier
     raise error
@@ -166,12 +167,20 @@ class Parts:
     resume_from: Path | None
 
 
-def train(cfg: TrainConfig) -> dict:
+@dataclass
+class Given:
+    """Objects passed to anytrain.train() instead of names: a model (or factory) and a datasets object."""
+
+    model: object = None
+    dataset: object = None
+
+
+def train(cfg: TrainConfig, given: Given | None = None) -> dict:
     cfg = resolve_auto_resume(cfg)  # --resume auto: continue if there is a checkpoint, else start
     signals = StopSignals()
     lock = RunLock(cfg.output_dir)  # one run per run folder, held by the main process for the run's life
     try:
-        return _train(cfg, signals, lock)
+        return _train(cfg, signals, lock, given or Given())
     finally:
         lock.release()
         signals.restore()
@@ -179,7 +188,7 @@ def train(cfg: TrainConfig) -> dict:
             torch.distributed.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, signals: StopSignals, lock: RunLock) -> dict:
+def _train(cfg: TrainConfig, signals: StopSignals, lock: RunLock, given: Given) -> dict:
     started = time.perf_counter()
     accelerator = make_accelerator(cfg)
     if accelerator.device.type == "cpu":
@@ -188,7 +197,7 @@ def _train(cfg: TrainConfig, signals: StopSignals, lock: RunLock) -> dict:
         torch.set_flush_denormal(True)
     scenario = describe(accelerator)
     accelerator.print(format_scenario(scenario))
-    parts = setup(cfg, accelerator, lock)
+    parts = setup(cfg, accelerator, lock, given)
     loop = Loop(cfg, parts, signals)
     loop.run()
     return finish(cfg, parts, loop, scenario, started)
@@ -210,18 +219,18 @@ def take_lock(accelerator: Accelerator, lock: RunLock) -> None:
         accelerator.print(f"anytrain: WARNING: {outcome[1]}")
 
 
-def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock) -> Parts:
+def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Given) -> Parts:
     run_dir = Path(cfg.output_dir)
     # Every check that can refuse the run happens before anything is written.
     check_run_folder(cfg)
     resume_from, pointer_warning = find_resume_checkpoint(cfg) if cfg.resume else (None, None)
     set_seed(cfg.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
     task = get_task(cfg)
-    data = load_data(accelerator, cfg)
+    data = load_data(accelerator, cfg, given.dataset)
     check_writable(run_dir)
     take_lock(accelerator, lock)
 
-    model = task.build_model(cfg, data)
+    model = task.build_model(cfg, data, given.model)
     optimizer = build_optimizer(cfg, model, accelerator.device.type)
     loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in (data.train, data.validation, data.test) if split is not None]
     # Moves the model to the device, wraps it for DDP/FSDP, mixed precision and torch.compile, and shards the loaders by rank.
@@ -229,7 +238,8 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock) -> Parts:
     steps_per_epoch = math.ceil(len(loaders[0]) / cfg.grad_accum_steps)  # the last, short cycle of an epoch still steps
     total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
     scheduler = build_scheduler(cfg, optimizer, total_steps)
-    progress = Progress(config=cfg.to_dict(), data=task.describe_data(data, model_of(accelerator, model)))
+    described = {"model": model_name(cfg, data.shape()), **task.describe_data(data, model_of(accelerator, model))}
+    progress = Progress(config=cfg.to_dict(), data=described)
     if resume_from is not None:
         if pointer_warning:
             accelerator.print(f"anytrain: WARNING: {pointer_warning}")
@@ -297,6 +307,7 @@ class Loop:
         accelerator, model, optimizer, cfg = self.accelerator, self.parts.model, self.parts.optimizer, self.cfg
         model.train()
         self.parts.train_loader.set_epoch(epoch)  # the shuffle order is a function of (seed, epoch): resumable, the same on every rank
+        self.parts.data.train.set_epoch(epoch)  # so is the augmentation of images (accelerate only tells the sampler)
         # Resuming mid-epoch: skip the batches this epoch already trained on (same order, thanks to set_epoch).
         done = self.progress.batches_done
         batches = accelerator.skip_first_batches(self.parts.train_loader, done) if done else self.parts.train_loader

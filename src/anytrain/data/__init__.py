@@ -1,9 +1,11 @@
-"""Data: load a dataset with Hugging Face datasets, check it, turn each split into tensors once.
+"""Data: load a dataset with Hugging Face datasets, check it, and hold each split the fastest way.
 
-Every source (the bundled digits, a local file or folder, a hub name) goes through
-`datasets`; only `synthetic` is generated directly as tensors. After loading, each split is
-held as two tensors (features, labels), so a batch is one fancy-index, not 64 Python rows:
-per-row work in the data path would otherwise dominate the step of a small model.
+Every source (the bundled digits, a local file or folder, a hub name, a datasets object passed
+to `anytrain.train`) goes through `datasets`; only `synthetic` is generated directly as tensors.
+A table of numbers is held as two tensors per split (features, labels), so a batch is one
+fancy-index, not 64 Python rows: per-row work in the data path would otherwise dominate the step
+of a small model. A dataset with an Image column (or a folder of images) stays in Arrow and is
+decoded per batch instead (images.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, TrainConfig
+from ..shape import DataShape
 
 DIGITS_PATH = Path(__file__).with_name("digits.parquet")
 FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
@@ -40,6 +43,9 @@ class TensorPairs(Dataset):
     def __getitems__(self, indices: list[int]):
         index = torch.as_tensor(indices)
         return self.inputs[index], self.targets[index]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing random to redraw (the sampler shuffles)."""
 
 
 def keep_batch(batch):
@@ -67,6 +73,12 @@ class DataSplits:
         std = self.train.inputs.std(0)
         return torch.where(std > 0, std, torch.ones_like(std))  # constant features (blank pixels) stay as they are
 
+    def shape(self) -> DataShape:
+        return DataShape("tabular", num_classes=self.num_classes, num_features=self.num_features, feature_mean=self.feature_mean, feature_std=self.feature_std)
+
+    def describe(self) -> dict:
+        return {"num_features": self.num_features, "num_classes": self.num_classes, "train_samples": len(self.train), "data_path": "in-memory tensors"}
+
 
 def make_loader(data: TensorPairs, cfg: TrainConfig, shuffle: bool) -> DataLoader:
     return DataLoader(
@@ -86,12 +98,18 @@ def make_loader(data: TensorPairs, cfg: TrainConfig, shuffle: bool) -> DataLoade
 # --------------------------------------------------------------------------- loading
 
 
-def load_splits(cfg: TrainConfig) -> DataSplits:
-    """Load, validate and split the dataset named by cfg.dataset. Raises ConfigError on bad data."""
-    if cfg.dataset == "synthetic":
+def load_splits(cfg: TrainConfig, given=None):
+    """Load, validate and split the dataset named by cfg.dataset (or `given`, a datasets Dataset or
+    DatasetDict). A table of numbers becomes DataSplits, images ImageSplits. ConfigError on bad data."""
+    from .images import image_column, load_image_splits
+
+    if given is None and cfg.dataset == "synthetic":
         return _synthetic(cfg)
-    raw, source = _load_raw(cfg.dataset)
+    raw, source = _load_raw(cfg.dataset) if given is None else (given, f"{type(given).__name__} object")
     splits = _named_splits(raw)
+    column = image_column(splits["train"], cfg)
+    if column is not None:
+        return load_image_splits(cfg, splits, source, column)
     tensors = {name: _to_tensors(ds, cfg, source, name) for name, ds in splits.items()}
     num_classes, string_ids = _num_classes(tensors, cfg, source)
     feature_names = next(iter(tensors.values()))[2]
@@ -148,6 +166,8 @@ def _named_splits(raw) -> dict:
 
     if isinstance(raw, datasets.Dataset):
         return {"train": raw}
+    if not isinstance(raw, (datasets.DatasetDict, dict)):
+        raise ConfigError(f"dataset: expected a datasets.Dataset or DatasetDict, got {type(raw).__name__}")
     names = {k.lower(): k for k in raw}
     if "train" not in names:
         if len(raw) != 1:
@@ -246,11 +266,11 @@ def _synthetic(cfg: TrainConfig) -> DataSplits:
     return _finish({"train": (features, labels)}, cfg, cfg.synthetic_classes, source)
 
 
-def _finish(tensors: dict, cfg: TrainConfig, num_classes: int, source: str, class_names: list[str] | None = None,
-            input_columns: list[str] | None = None) -> DataSplits:
-    """Carve the missing validation/test splits from train with a seeded permutation."""
-    x, y = tensors["train"]
-    fractions = {name: getattr(cfg, f"{'val' if name == 'validation' else 'test'}_fraction") for name in ("validation", "test") if name not in tensors}
+def carve(parts: dict, cfg: TrainConfig, source: str, take=lambda x, idx: x[idx]) -> dict:
+    """Carve the missing validation/test splits from train with a seeded permutation; parts maps
+    split -> (inputs, labels tensor), and take(inputs, idx) selects rows of the inputs."""
+    x, y = parts["train"]
+    fractions = {name: getattr(cfg, f"{'val' if name == 'validation' else 'test'}_fraction") for name in ("validation", "test") if name not in parts}
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(cfg.seed))
     start = 0
     for name, fraction in fractions.items():
@@ -258,19 +278,25 @@ def _finish(tensors: dict, cfg: TrainConfig, num_classes: int, source: str, clas
         if count == 0:
             raise ConfigError(f"--dataset: {source} has no {name} split and {name} fraction {fraction} of {len(y)} rows leaves it empty")
         idx = order[start : start + count]
-        tensors[name] = (x[idx], y[idx])
+        parts[name] = (take(x, idx), y[idx])
         start += count
     if start:
         idx = order[start:].sort().values  # keep the remaining training rows in their original order
-        tensors["train"] = (x[idx], y[idx])
-    for name, (_, labels) in tensors.items():
+        parts["train"] = (take(x, idx), y[idx])
+    for name, (_, labels) in parts.items():
         if len(labels) == 0:
             raise ConfigError(f"--dataset: the {name} split of {source} is empty")
+    return parts
+
+
+def _finish(tensors: dict, cfg: TrainConfig, num_classes: int, source: str, class_names: list[str] | None = None,
+            input_columns: list[str] | None = None) -> DataSplits:
+    tensors = carve(tensors, cfg, source)
     return DataSplits(
         train=TensorPairs(*tensors["train"]),
         validation=TensorPairs(*tensors["validation"]),
         test=TensorPairs(*tensors["test"]),
-        num_features=x.shape[1],
+        num_features=tensors["train"][0].shape[1],
         num_classes=num_classes,
         source=source,
         class_names=class_names,

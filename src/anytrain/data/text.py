@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, TrainConfig
+from ..shape import DataShape
 
 SHAKESPEARE_PATH = Path(__file__).with_name("tinyshakespeare.txt")
 MAX_CHAR_VOCAB = 256  # --vocab auto: a larger training alphabet falls back to bytes
@@ -97,6 +98,9 @@ class TokenWindows(Dataset):
     def num_tokens(self) -> int:
         return len(self.tokens)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing random to redraw (the sampler picks the windows)."""
+
 
 @dataclass
 class TextSplits:
@@ -106,13 +110,32 @@ class TextSplits:
     vocab: Vocab
     source: str
 
+    def shape(self) -> DataShape:
+        return DataShape("text", vocab_size=self.vocab.size, block_size=self.train.block_size)
+
+    def describe(self) -> dict:
+        return {
+            "vocab_kind": self.vocab.kind,
+            "vocab_size": self.vocab.size,
+            "train_tokens": self.train.num_tokens,
+            "validation_tokens": self.validation.num_tokens,
+            "validation_windows": len(self.validation),
+            "data_path": "memory-mapped token file" if isinstance(self.train.tokens, np.memmap) else "in-memory token array",
+        }
+
 
 # --------------------------------------------------------------------------- loading
 
 
-def load_text_splits(cfg: TrainConfig) -> TextSplits:
-    """Load the text named by cfg.dataset, build the vocabulary, tokenise; ConfigError on bad input."""
-    splits, source = _load_text_datasets(cfg)
+def load_text_splits(cfg: TrainConfig, given=None) -> TextSplits:
+    """Load the text named by cfg.dataset (or `given`, a datasets object), build the vocabulary,
+    tokenise; ConfigError on bad input."""
+    if given is not None:
+        from . import _named_splits
+
+        splits, source = _named_splits(given), f"{type(given).__name__} object"
+    else:
+        splits, source = _load_text_datasets(cfg)
     column = cfg.text_column or "text"
     pieces = {name: _split_text(ds, column, source, name) for name, ds in splits.items()}
     if "validation" not in pieces:

@@ -1,0 +1,213 @@
+"""Images: an `Image` column of a datasets table (parquet with image bytes, a hub dataset) or an
+imagefolder (one subfolder per class), kept Arrow-backed and memory-mapped, decoded per batch.
+
+A batch is read from Arrow, decoded by datasets' `Image` feature, converted to one mode
+(grayscale or RGB), resized to --image-size, augmented when training (Pillow's crop-after-padding
+and mirror), and normalised per channel with the training split's statistics. All of it happens
+in `ImageRows.__getitems__`, so in the DataLoader's worker processes when --num-workers > 0.
+
+Augmentation is a function of (seed, epoch, sample index): every draw comes from a generator
+seeded by those three numbers. The same run therefore sees the same augmented images with 0 or
+N workers, on 1 or N ranks, and after a resume (the epoch and position are in the checkpoint).
+(torchvision's transforms.v2 would be the usual choice, but no torchvision build installs beside
+the CPU build of torch 2.13 this project pins: PyPI's fails with 'operator torchvision::nms does
+not exist'. Pillow is what datasets decodes with anyway.)
+
+An image that cannot be decoded stops the run with one line naming its file (exit 2); the
+checkpoints saved so far stay. Most are found before training: the statistics pass decodes up to
+STATS_SAMPLE training images spread over the split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..config import ConfigError, TrainConfig
+from ..shape import DataShape
+
+STATS_SAMPLE = 1000  # training images decoded to choose the mode and size and to measure mean/std
+GRAY_MODES = ("1", "L", "LA", "I", "I;16", "F")
+
+
+class BadImage(ConfigError):
+    """An image that cannot be decoded. Raised in a DataLoader worker, it comes back with the worker's
+    traceback folded into its message: that is cut back to the one line."""
+
+    def __init__(self, message: str):
+        lines = message.strip().splitlines()
+        super().__init__(lines[-1].split(": ", 1)[-1] if len(lines) > 1 else message)
+
+
+def image_column(ds, cfg: TrainConfig) -> str | None:
+    """The dataset's Image column (None for a table of numbers); ConfigError when ambiguous."""
+    import datasets
+
+    images = [name for name, feature in ds.features.items() if isinstance(feature, datasets.Image)]
+    if cfg.input_columns:
+        images = [c for c in images if c in cfg.input_columns]
+        if images and len(cfg.input_columns) > 1:
+            raise ConfigError(f"--input-columns: an image column ({images[0]}) must be the only input column")
+    if len(images) > 1:
+        raise ConfigError(f"--input-columns: the dataset has several image columns ({', '.join(images)}); name one")
+    return images[0] if images else None
+
+
+def decode(value: dict, where: str):
+    """datasets' decoding (EXIF orientation included); a failure names the file, or the row."""
+    import datasets
+
+    try:
+        return datasets.Image().decode_example(value)
+    except Exception as e:  # noqa: BLE001 - PIL raises several kinds for broken files
+        name = value.get("path") or where
+        raise BadImage(f"--dataset: cannot decode image {name} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+class ImageRows(Dataset):
+    """One split: Arrow-backed rows (images stay encoded) and the labels, turned into a batch of
+    float tensors (batch, channels, size, size) only when the DataLoader asks for one."""
+
+    def __init__(self, rows, column: str, targets: torch.Tensor, split: str, look: ImageLook, augment: tuple[str, ...] = (), seed: int = 0):
+        self.rows = rows.select_columns([column]).cast_column(column, _undecoded())  # bytes/paths: decoded here, per batch
+        self.column, self.targets, self.split = column, targets, split
+        self.look, self.augment, self.seed = look, tuple(augment), seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The augmentation of an epoch is drawn from (seed, epoch, index); the loop calls this before each."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index):
+        inputs, targets = self.__getitems__([index])
+        return inputs[0], targets[0]
+
+    def __getitems__(self, indices: list[int]):
+        values = self.rows[list(indices)][self.column]
+        pixels = np.stack([self.pixels(v, int(i)) for v, i in zip(values, indices)])
+        return self.look.normalise(pixels), self.targets[torch.as_tensor(indices)]
+
+    def pixels(self, value: dict, index: int) -> np.ndarray:
+        """One image as uint8 (size, size, channels): converted, resized, augmented."""
+        image = self.look.fit(decode(value, f"row {index} of the {self.split} split"))
+        if self.augment:
+            image = augmented(image, self.augment, np.random.default_rng((self.seed, self.epoch, index)))
+        array = np.asarray(image, dtype=np.uint8)
+        return array[..., None] if array.ndim == 2 else array
+
+
+def _undecoded():
+    import datasets
+
+    return datasets.Image(decode=False)
+
+
+def augmented(image, augment: tuple[str, ...], rng: np.random.Generator):
+    """Random crop after zero-padding by size/8 (4 pixels at 32) and a horizontal flip half the time."""
+    from PIL import ImageOps
+
+    if "crop" in augment:
+        pad = max(1, image.width // 8)
+        left, top = (int(v) for v in rng.integers(0, 2 * pad + 1, size=2))
+        image = ImageOps.expand(image, border=pad, fill=0).crop((left, top, left + image.width, top + image.height))
+    if "flip" in augment and rng.random() < 0.5:
+        image = ImageOps.mirror(image)
+    return image
+
+
+@dataclass
+class ImageLook:
+    """What every image of the run is turned into: mode, size, and the per-channel normalisation."""
+
+    mode: str  # "L" or "RGB"
+    size: int
+    mean: torch.Tensor  # (channels,) in [0, 1] units, from the training split
+    std: torch.Tensor
+
+    @property
+    def channels(self) -> int:
+        return 1 if self.mode == "L" else 3
+
+    def fit(self, image):
+        from PIL import Image
+
+        if image.mode != self.mode:
+            image = image.convert(self.mode)
+        if image.size != (self.size, self.size):
+            image = image.resize((self.size, self.size), Image.Resampling.BILINEAR)
+        return image
+
+    def normalise(self, pixels: np.ndarray) -> torch.Tensor:
+        """uint8 (batch, size, size, channels) -> float (batch, channels, size, size), standardised per channel."""
+        x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float().div_(255.0)
+        return x.sub_(self.mean.view(1, -1, 1, 1)).div_(self.std.view(1, -1, 1, 1)).contiguous()
+
+
+def measure_look(rows, column: str, cfg: TrainConfig, source: str) -> ImageLook:
+    """Mode, size and per-channel mean/std from up to STATS_SAMPLE training images spread over the split."""
+    count = len(rows)
+    picks = np.unique(np.linspace(0, count - 1, min(count, STATS_SAMPLE)).round().astype(np.int64)).tolist()
+    values = rows.select_columns([column]).cast_column(column, _undecoded())[picks][column]
+    images = [decode(v, f"row {i} of the train split of {source}") for v, i in zip(values, picks)]
+    mode = "L" if all(im.mode in GRAY_MODES for im in images) else "RGB"
+    size = cfg.image_size or max(images[0].size)
+    look = ImageLook(mode, size, torch.zeros(1), torch.ones(1))
+    pixels = np.stack([np.asarray(look.fit(im), dtype=np.float64).reshape(size, size, -1) / 255.0 for im in images])
+    mean, std = pixels.mean(axis=(0, 1, 2)), pixels.std(axis=(0, 1, 2))
+    look.mean = torch.tensor(mean, dtype=torch.float32)
+    look.std = torch.tensor(np.where(std > 0, std, 1.0), dtype=torch.float32)  # a blank channel stays as it is
+    return look
+
+
+@dataclass
+class ImageSplits:
+    train: ImageRows
+    validation: ImageRows
+    test: ImageRows
+    num_classes: int
+    source: str
+    look: ImageLook
+    class_names: list[str] | None = None
+    input_columns: list[str] | None = None
+
+    def shape(self) -> DataShape:
+        return DataShape("image", num_classes=self.num_classes, channels=self.look.channels, image_size=self.look.size)
+
+    def describe(self) -> dict:
+        return {
+            "num_classes": self.num_classes, "train_samples": len(self.train), "image_size": self.look.size,
+            "image_mode": self.look.mode, "image_mean": self.look.mean.tolist(), "image_std": self.look.std.tolist(),
+            "augment": list(self.train.augment), "data_path": "arrow (memory-mapped), images decoded per batch",
+        }
+
+
+def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) -> ImageSplits:
+    """Labels checked and held in memory; images stay in Arrow. Missing splits are carved from train."""
+    from . import _label_ids, _num_classes, carve
+
+    if cfg.persistent_workers and cfg.augment:
+        raise ConfigError("--persistent-workers: kept-alive workers would repeat the first epoch's augmentation; drop it or pass --augment with nothing after it")
+    labelled = {}
+    for name, ds in splits.items():
+        if len(ds) == 0:
+            raise ConfigError(f"--dataset: the {name} split of {source} is empty")
+        if cfg.label_column not in ds.column_names:
+            raise ConfigError(f"--label-column: column '{cfg.label_column}' not in {source} (columns: {', '.join(ds.column_names)})")
+        labels = ds.with_format("arrow")[cfg.label_column].to_numpy()
+        labelled[name] = (ds, labels, getattr(ds.features[cfg.label_column], "names", None))
+    num_classes, string_ids = _num_classes(labelled, cfg, source)
+    names = next(iter(labelled.values()))[2]
+    parts = carve({name: (ds, _label_ids(y, string_ids)) for name, (ds, y, _) in labelled.items()}, cfg, source, take=lambda ds, idx: ds.select(idx.tolist()))
+    if len(torch.unique(parts["train"][1])) < 2:
+        raise ConfigError(f"--label-column: every training image of {source} has the same label; a classifier needs at least 2 classes to learn")
+    look = measure_look(parts["train"][0], column, cfg, source)
+    rows = {name: ImageRows(ds, column, y, name, look, cfg.augment if name == "train" else (), cfg.seed) for name, (ds, y) in parts.items()}
+    class_names = list(string_ids) if string_ids is not None else list(names) if names else None
+    return ImageSplits(rows["train"], rows["validation"], rows["test"], num_classes, source, look, class_names, [column])
+

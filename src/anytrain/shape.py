@@ -1,0 +1,52 @@
+"""What a model is told about the data: the one argument, besides the config, that every model
+factory receives (the registry's and a user's `--model module:factory` alike).
+
+    def factory(cfg: TrainConfig, shape: DataShape) -> nn.Module
+
+The module maps a batch of inputs to logits:
+
+- tabular classification: float inputs (batch, num_features), raw values (feature_mean and
+  feature_std are the training split's statistics) -> logits (batch, num_classes);
+- images: float inputs (batch, channels, image_size, image_size), normalised per channel with
+  the training split's statistics -> logits (batch, num_classes);
+- language modelling: int64 token ids (batch, block_size) -> logits (batch, block_size, vocab_size).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+@dataclass
+class DataShape:
+    kind: str  # "tabular", "image" or "text"
+    num_classes: int = 0  # tabular and image: logits per sample
+    num_features: int = 0  # tabular: columns of a raw input row
+    channels: int = 0  # image: 1 (grayscale) or 3 (RGB)
+    image_size: int = 0  # image: height = width after resizing
+    vocab_size: int = 0  # text: token ids are in [0, vocab_size)
+    block_size: int = 0  # text: tokens per input window
+    feature_mean: torch.Tensor | None = field(default=None, repr=False)  # tabular: per-column statistics of the training split
+    feature_std: torch.Tensor | None = field(default=None, repr=False)
+
+    def example_inputs(self, batch: int = 2) -> torch.Tensor:
+        """A batch of the right shape and dtype, to check what a model returns before training."""
+        if self.kind == "text":
+            return torch.zeros(batch, self.block_size, dtype=torch.long)
+        if self.kind == "image":
+            return torch.zeros(batch, self.channels, self.image_size, self.image_size)
+        return torch.zeros(batch, self.num_features) if self.feature_mean is None else self.feature_mean.expand(batch, -1).clone()
+
+    def logits_shape(self, batch: int = 2) -> tuple[int, ...]:
+        return (batch, self.block_size, self.vocab_size) if self.kind == "text" else (batch, self.num_classes)
+
+    def to_json(self) -> str:
+        """The sizes, without the statistics (saved with the weights, which hold those as buffers when used)."""
+        return json.dumps({k: v for k, v in asdict(self).items() if k not in ("feature_mean", "feature_std")})
+
+    @classmethod
+    def from_json(cls, text: str) -> DataShape:
+        return cls(**json.loads(text))

@@ -1,0 +1,111 @@
+"""Which model trains: a registry name (`--model resnet`), a user's factory (`--model
+my_pkg.nets:build` or `--model path/to/nets.py:build`), or, from Python, a module or factory
+object (`anytrain.train(cfg, model=...)`). Whatever it is gets one forward pass on a tiny batch
+before training, so a wrong output shape is one line naming --model, not a traceback mid-step."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .config import ConfigError, TrainConfig
+from .models import REGISTRY
+from .shape import DataShape
+
+
+AUTO = {"tabular": "mlp", "image": "resnet", "text": "gpt"}  # --model auto, by the kind of data
+OBJECT = "object:"  # cfg.model of a run whose model was a Python object (anytrain.train(model=...))
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def import_factory(spec: str) -> Callable:
+    """'package.module:attr' or 'path/to/file.py:attr' -> the attribute; ConfigError naming --model."""
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise ConfigError(f"--model {spec}: expected a registry name ({', '.join(REGISTRY)}) or module:factory / file.py:factory")
+    if target.endswith(".py") and not Path(target).expanduser().is_file():
+        raise ConfigError(f"--model {spec}: file not found: {target}")
+    try:
+        module = _import_file(Path(target).expanduser()) if target.endswith(".py") else _import_module(target)
+    except Exception as e:  # noqa: BLE001 - any failure inside the user's module is reported as one line
+        raise ConfigError(f"--model {spec}: cannot import {target} ({_first_line(e)})") from None
+    if not hasattr(module, attr):
+        raise ConfigError(f"--model {spec}: {target} has no attribute '{attr}'")
+    factory = getattr(module, attr)
+    if not callable(factory):
+        raise ConfigError(f"--model {spec}: {target}.{attr} is not callable (a factory(cfg, shape) returning an nn.Module is expected)")
+    return factory
+
+
+def _import_file(path: Path):
+    name = f"anytrain_user_{path.stem}"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
+    sys.path.insert(0, str(path.resolve().parent))  # the file may import its neighbours
+    sys.modules[name] = module  # so its classes pickle (DataLoader workers, torch.save)
+    module.__spec__.loader.exec_module(module)
+    return module
+
+
+def _import_module(name: str):
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as under `python -m`: packages in the working directory import
+    return importlib.import_module(name)
+
+
+def model_name(cfg: TrainConfig, shape: DataShape) -> str:
+    """What --model auto stood for, or the name or factory given."""
+    return AUTO[shape.kind] if cfg.model == "auto" else cfg.model
+
+
+def make_model(cfg: TrainConfig, shape: DataShape, given: nn.Module | Callable | None = None) -> nn.Module:
+    """The model to train, checked against the data's shape."""
+    label = f"--model {cfg.model}"
+    name = model_name(cfg, shape)
+    if given is None and name.startswith(OBJECT):
+        raise ConfigError(f"this run's model ({name.removeprefix(OBJECT)}) was passed to anytrain.train() as a Python object; "
+                          "build it again and pass it: load_model(run_dir, model=...)")
+    if isinstance(given, nn.Module):
+        model = given
+    else:
+        factory = given if given is not None else REGISTRY.get(name) or import_factory(name)
+        try:
+            model = factory(cfg, shape)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's factory: one line, not its traceback
+            raise ConfigError(f"{label}: the factory raised {_first_line(e)}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{label}: the factory returned {type(model).__name__}, not a torch.nn.Module")
+    check_outputs(model, shape, label)
+    return model
+
+
+def check_outputs(model: nn.Module, shape: DataShape, label: str) -> None:
+    """One forward pass on a batch of 2 (eval mode, no gradients): the logits must have the shape the loss needs."""
+    inputs = shape.example_inputs(2)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            outputs = model(inputs.to(device))
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"{label}: the model failed on a batch of inputs of shape {tuple(inputs.shape)}: {_first_line(e)}") from None
+    finally:
+        model.train(was_training)
+    expected = shape.logits_shape(2)
+    got = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+    if got != expected:
+        what = "(batch, block_size, vocab_size)" if shape.kind == "text" else "(batch, num_classes)"
+        raise ConfigError(f"{label}: the model maps inputs of shape {tuple(inputs.shape)} to {got}; expected logits of shape {expected} {what}")
