@@ -27,9 +27,11 @@ from torch import nn
 
 from anytrain.config import parse_config
 from anytrain.data import load_splits, make_loader
-from anytrain.models import build_model
 from anytrain.optim import build_optimizer
 from anytrain.scenario import make_accelerator
+from anytrain.usermodel import make_model
+
+IMAGES = Path("bench_out") / "images" / "digits32_rgb"  # written on first use (tests/imagedata.py)
 
 DATASETS = {
     # name: (trainer options, timed steps per setting and round)
@@ -37,6 +39,9 @@ DATASETS = {
     "synthetic 100k x 784, MLP 784-1024-1024-10, batch 256": (
         ["--dataset", "synthetic", "--synthetic-samples", "100000", "--synthetic-features", "784",
          "--hidden-sizes", "1024", "1024", "--dropout", "0", "--batch-size", "256"], 30),
+    # decoding PNGs, cropping and flipping them is the case where loader workers pay off
+    "digits as 32x32 RGB PNGs (imagefolder), ResNet 16-32, crop+flip, batch 64": (
+        ["--dataset", str(IMAGES), "--model", "resnet", "--channels", "16", "32", "--blocks-per-stage", "1"], 30),
 }
 # (num_workers, pin_memory, persistent_workers); the first is the trainer's default.
 SETTINGS = [(0, False, False), (0, True, False), (1, False, False), (2, False, False), (2, True, False), (2, False, True)]
@@ -85,17 +90,25 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", required=True)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--only", default="", help="run only the datasets whose name contains this text")
     args = p.parse_args(argv)
+    if not IMAGES.exists():
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from imagedata import write_imagefolder
+
+        write_imagefolder(IMAGES, size=32, mode="RGB")
     warnings.filterwarnings("ignore", message=".*pin_memory.*")  # no accelerator: pinning is a no-op, said once in the docs
     accelerator = None
     results = []
     for name, (options, steps) in DATASETS.items():
+        if args.only not in name:
+            continue
         cfg = parse_config(options)
         if accelerator is None:
             accelerator = make_accelerator(cfg)
         data = load_splits(cfg)
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
+        model = make_model(cfg, data.shape())
         optimizer = build_optimizer(cfg, model)
         model, optimizer = accelerator.prepare(model, optimizer)
         model.train()

@@ -32,6 +32,7 @@ class TrainConfig:
     num_classes: int = field(default=0, metadata={"help": "number of classes; 0 = from the label feature or max label + 1"})
     val_fraction: float = field(default=0.1, metadata={"help": "share of the data held out for validation when the dataset has no validation split"})
     test_fraction: float = field(default=0.2, metadata={"help": "share of the data held out for test when the dataset has no test split"})
+    max_in_memory_mb: int = field(default=1024, metadata={"help": "tables of numbers whose features (as float32) fit in this many MB are held as tensors, the fastest path; larger ones stay in memory-mapped Arrow files and are read per batch (0 = always Arrow). The summary's data_path says which"})
     synthetic_samples: int = field(default=20000, metadata={"help": "rows of the 'synthetic' dataset"})
     synthetic_features: int = field(default=64, metadata={"help": "features of the 'synthetic' dataset"})
     synthetic_classes: int = field(default=10, metadata={"help": "classes of the 'synthetic' dataset"})
@@ -225,7 +226,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if kind is float and not math.isfinite(getattr(cfg, name)):
             raise ConfigError(f"{_flag(name)} must be a finite number, got {getattr(cfg, name)}")
     positive = ["collective_timeout", "epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd", "blocks_per_stage"]
-    non_negative = ["image_size", "checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
+    non_negative = ["max_in_memory_mb", "image_size", "checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{_flag(name)} must be positive, got {getattr(cfg, name)}")

@@ -63,13 +63,16 @@ class DataSplits:
     source: str
     class_names: list[str] | None = None  # string labels (sorted: id i is the i-th) or a ClassLabel's names
     input_columns: list[str] | None = None  # the feature columns, in the order they were concatenated
+    stats: tuple[torch.Tensor, torch.Tensor] | None = None  # (mean, std) when the rows stay in Arrow (arrow.py)
 
     @property
     def feature_mean(self) -> torch.Tensor:
-        return self.train.inputs.mean(0)
+        return self.stats[0] if self.stats else self.train.inputs.mean(0)
 
     @property
     def feature_std(self) -> torch.Tensor:
+        if self.stats:
+            return self.stats[1]
         std = self.train.inputs.std(0)
         return torch.where(std > 0, std, torch.ones_like(std))  # constant features (blank pixels) stay as they are
 
@@ -77,7 +80,8 @@ class DataSplits:
         return DataShape("tabular", num_classes=self.num_classes, num_features=self.num_features, feature_mean=self.feature_mean, feature_std=self.feature_std)
 
     def describe(self) -> dict:
-        return {"num_features": self.num_features, "num_classes": self.num_classes, "train_samples": len(self.train), "data_path": "in-memory tensors"}
+        return {"num_features": self.num_features, "num_classes": self.num_classes, "train_samples": len(self.train),
+                "data_path": "arrow (memory-mapped), read per batch" if self.stats else "in-memory tensors"}
 
 
 def make_loader(data: TensorPairs, cfg: TrainConfig, shuffle: bool) -> DataLoader:
@@ -101,6 +105,7 @@ def make_loader(data: TensorPairs, cfg: TrainConfig, shuffle: bool) -> DataLoade
 def load_splits(cfg: TrainConfig, given=None):
     """Load, validate and split the dataset named by cfg.dataset (or `given`, a datasets Dataset or
     DatasetDict). A table of numbers becomes DataSplits, images ImageSplits. ConfigError on bad data."""
+    from .arrow import load_arrow_splits, table_megabytes
     from .images import image_column, load_image_splits
 
     if given is None and cfg.dataset == "synthetic":
@@ -110,6 +115,9 @@ def load_splits(cfg: TrainConfig, given=None):
     column = image_column(splits["train"], cfg)
     if column is not None:
         return load_image_splits(cfg, splits, source, column)
+    inputs = _check_columns(splits, cfg, source)
+    if table_megabytes(splits, inputs) > cfg.max_in_memory_mb:
+        return load_arrow_splits(cfg, splits, source, inputs)
     tensors = {name: _to_tensors(ds, cfg, source, name) for name, ds in splits.items()}
     num_classes, string_ids = _num_classes(tensors, cfg, source)
     feature_names = next(iter(tensors.values()))[2]
@@ -183,18 +191,31 @@ def _named_splits(raw) -> dict:
     return out
 
 
-def _to_tensors(ds, cfg: TrainConfig, source: str, split: str):
-    if len(ds) == 0:
-        raise ConfigError(f"--dataset: the {split} split of {source} is empty")
-    columns = ds.column_names
-    if cfg.label_column not in columns:
-        raise ConfigError(f"--label-column: column '{cfg.label_column}' not in {source} (columns: {', '.join(columns)})")
-    inputs = cfg.input_columns or [c for c in columns if c != cfg.label_column]
+def _check_columns(splits: dict, cfg: TrainConfig, source: str) -> list[str]:
+    """Every split is non-empty and has the label and input columns; returns the input columns."""
+    for split, ds in splits.items():
+        if len(ds) == 0:
+            raise ConfigError(f"--dataset: the {split} split of {source} is empty")
+        columns = ds.column_names
+        if cfg.label_column not in columns:
+            raise ConfigError(f"--label-column: column '{cfg.label_column}' not in {source} (columns: {', '.join(columns)})")
+        inputs = cfg.input_columns or [c for c in columns if c != cfg.label_column]
+        for c in inputs:
+            if c not in columns:
+                raise ConfigError(f"--input-columns: column '{c}' not in {source} (columns: {', '.join(columns)})")
+        if not inputs:
+            raise ConfigError(f"--input-columns: {source} has no feature columns besides the label")
+    first = splits["train"].with_format("arrow")[:1]
     for c in inputs:
-        if c not in columns:
-            raise ConfigError(f"--input-columns: column '{c}' not in {source} (columns: {', '.join(columns)})")
-    if not inputs:
-        raise ConfigError(f"--input-columns: {source} has no feature columns besides the label")
+        try:
+            _numeric_rows(first[c])
+        except (ValueError, TypeError, pa.ArrowException):
+            raise ConfigError(f"--input-columns: column '{c}' of {source} is not numeric (or its lists differ in length)") from None
+    return inputs
+
+
+def _to_tensors(ds, cfg: TrainConfig, source: str, split: str):
+    inputs = cfg.input_columns or [c for c in ds.column_names if c != cfg.label_column]
     table = ds.with_format("arrow")  # whole columns straight from Arrow: no per-row Python (0.26 s -> 5 ms on digits)
     parts = []
     for c in inputs:

@@ -1,0 +1,117 @@
+"""Peak memory against dataset size: a table 10x larger must not need 10x the memory.
+
+Writes two parquet tables of random numeric rows (a 256-float list column and a label), N and 10N
+rows, then trains one epoch on each with `anytrain train`, sampling the process's resident memory
+every 50 ms from outside: RssAnon (the process's own memory: tensors, Python objects) and RssFile
+(pages of memory-mapped files, which the kernel can drop at any time). Three runs: the in-memory
+tensor path on N rows, and the Arrow path (--max-in-memory-mb 0) on N and 10N rows; plus the
+in-memory path on 10N rows, for contrast.
+
+    python benchmarks/data_memory.py --rows 200000 --json bench_out/data_memory.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FEATURES = 256
+
+
+def write_table(path: Path, rows: int, seed: int = 0) -> None:
+    """Rows of 256 float32 features around one of 10 class centres, written in 100k-row groups."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(10, FEATURES)).astype(np.float32)
+    writer = None
+    for start in range(0, rows, 100_000):
+        n = min(100_000, rows - start)
+        labels = rng.integers(0, 10, size=n)
+        x = centres[labels] + 2.0 * rng.normal(size=(n, FEATURES)).astype(np.float32)
+        table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES).cast(pa.list_(pa.float32())), "label": labels})
+        writer = writer or pq.ParquetWriter(path, table.schema)
+        writer.write_table(table)
+    writer.close()
+
+
+def rss(pid: int) -> tuple[int, int]:
+    """(RssAnon, RssFile) of a process in bytes; (0, 0) once it is gone."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    except (FileNotFoundError, ProcessLookupError):
+        return 0, 0
+    if "RssAnon" not in fields:  # exited, not yet reaped
+        return 0, 0
+    return tuple(int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile"))
+
+
+def peak_of(command: list[str]) -> tuple[int, int, float, str]:
+    """Run a Python command line, sampling its memory: (peak RssAnon, peak RssFile, seconds, stderr)."""
+    proc = subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak_anon = peak_file = 0
+    started = time.perf_counter()
+    while proc.poll() is None:
+        anon, file = rss(proc.pid)
+        peak_anon, peak_file = max(peak_anon, anon), max(peak_file, file)
+        time.sleep(0.05)
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(command)}: {err[-2000:]}")
+    return peak_anon, peak_file, time.perf_counter() - started, err
+
+
+def convert(table: Path) -> dict:
+    """datasets' one-time parquet -> Arrow cache conversion, measured on its own (later runs reuse the cache)."""
+    code = "import sys, datasets; datasets.load_dataset('parquet', data_files=sys.argv[1])"
+    anon, file, seconds, _ = peak_of(["-c", code, str(table)])
+    return {"peak_rss_anon_mb": anon / 2**20, "peak_rss_file_mb": file / 2**20, "wall_s": seconds}
+
+
+def measured_run(table: Path, out: Path, extra: list[str]) -> dict:
+    cmd = ["train", "--dataset", str(table), "--hidden-sizes", "64", "--batch-size", "1024",
+           "--epochs", "1", "--no-progress", "--no-plot", "--overwrite", "--output-dir", str(out), *extra]
+    peak_anon, peak_file, seconds, _ = peak_of(["-c", "import sys; from anytrain.cli import main; main(sys.argv[1:])", *cmd])
+    summary = json.loads((out / "summary.json").read_text())
+    return {"peak_rss_anon_mb": peak_anon / 2**20, "peak_rss_file_mb": peak_file / 2**20, "wall_s": seconds,
+            "data_path": summary["data_path"], "test_accuracy": summary["test_accuracy"], "samples_per_s": summary["samples_per_s"],
+            "peak_rss_reported_mb": summary["peak_memory_bytes"] / 2**20}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--json", default="bench_out/data_memory.json")
+    p.add_argument("--work", default="bench_out/data_memory")
+    args = p.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    sizes = {"1x": args.rows, "10x": 10 * args.rows}
+    for name, rows in sizes.items():
+        path = work / f"table_{name}.parquet"
+        if not path.exists():
+            write_table(path, rows)
+        c = convert(path)
+        print(f"{name:4s} {rows:>9,} rows: parquet -> Arrow cache (datasets, once): peak RssAnon {c['peak_rss_anon_mb']:7.0f} MB, {c['wall_s']:5.1f} s", flush=True)
+    runs = [("1x", "in-memory", []), ("1x", "arrow", ["--max-in-memory-mb", "0"]), ("10x", "arrow", ["--max-in-memory-mb", "0"]),
+            ("10x", "in-memory", ["--max-in-memory-mb", "100000"])]
+    results = []
+    for size, path_kind, extra in runs:
+        row = {"size": size, "rows": sizes[size], "features_mb": sizes[size] * FEATURES * 4 / 2**20, "path": path_kind,
+               **measured_run(work / f"table_{size}.parquet", work / f"run_{size}_{path_kind}", extra)}
+        results.append(row)
+        print(f"{size:4s} {sizes[size]:>9,} rows ({row['features_mb']:7.0f} MB of features), {path_kind:9s}: peak RssAnon {row['peak_rss_anon_mb']:7.0f} MB, "
+              f"peak RssFile {row['peak_rss_file_mb']:7.0f} MB, {row['samples_per_s']:9.0f} samples/s, wall {row['wall_s']:5.1f} s", flush=True)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({"rows": results, "cpu_count": os.cpu_count()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
