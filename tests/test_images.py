@@ -19,6 +19,7 @@ from anytrain.cli import main
 from anytrain.config import TrainConfig
 from anytrain.data import load_splits
 from anytrain.data.images import ImageRows
+from anytrain.predict import predict
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,9 @@ def test_rgb_images_of_mixed_sizes_are_resized_and_a_parquet_image_column_trains
     summary = anytrain.train(dataset=str(table), model="cnn", channels=[16], augment=[], epochs=8, progress=False, output_dir=str(tmp_path / "pq_run"))
     assert summary["image_mode"] == "L" and summary["image_size"] == 8 and summary["model"] == "cnn"
     assert summary["test_accuracy"] > 0.8, summary["test_accuracy"]  # measured 0.96
+    rows = predict(str(tmp_path / "pq_run"), str(table))  # new images go through the run's own conversion and normalisation
+    assert len(rows) == 900 and rows[0]["class_name"] == str(rows[0]["class_id"])
+    assert sum(r["class_id"] == r["label"] for r in rows) / len(rows) > 0.8
 
 
 def test_augmentation_is_a_function_of_seed_epoch_and_index(gray):

@@ -50,6 +50,22 @@ def read_rows(dataset: str, columns: list[str]) -> tuple[torch.Tensor, np.ndarra
     return torch.from_numpy(features), ds, source
 
 
+def read_images(dataset: str, columns: list[str], meta: dict) -> tuple[torch.Tensor, object, str]:
+    """The images of the run's image column, prepared as in training without augmentation: converted, resized, normalised."""
+    from .data import _load_raw, _named_splits
+    from .data.images import ImageLook, ImageRows
+
+    raw, source = _load_raw(dataset)
+    splits = _named_splits(raw)
+    ds = splits.get("test", splits["train"]) if len(splits) > 1 else splits["train"]
+    if columns[0] not in ds.column_names:
+        raise ConfigError(f"--dataset: {source} lacks the run's image column {columns[0]} (it has {', '.join(ds.column_names)})")
+    look = json.loads(meta["image_look"])
+    look = ImageLook(look["mode"], look["size"], torch.tensor(look["mean"]), torch.tensor(look["std"]))
+    rows = ImageRows(ds, columns[0], torch.zeros(len(ds), dtype=torch.long), "predict", look)
+    return torch.cat([rows.__getitems__(list(range(i, min(i + 256, len(ds)))))[0] for i in range(0, len(ds), 256)]), ds, source
+
+
 def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
     weights = weights_file(run_dir)
     _, cfg, meta = read_weights_metadata(weights)
@@ -59,8 +75,8 @@ def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
         raise ConfigError(f"run_dir: no input columns were saved with {run_dir} (trained on generated data, or by an older anytrain)")
     columns = json.loads(meta["input_columns"])
     names = json.loads(meta["class_names"]) if "class_names" in meta else None
-    features, ds, source = read_rows(dataset, columns)
-    if features.shape[1] != int(meta["num_features"]):
+    features, ds, source = read_images(dataset, columns, meta) if "image_look" in meta else read_rows(dataset, columns)
+    if "num_features" in meta and features.shape[1] != int(meta["num_features"]):
         raise ConfigError(f"--dataset: {source} gives {features.shape[1]} features per row; the run was trained on {meta['num_features']}")
     model = load_model(weights)
     with torch.no_grad():
