@@ -32,6 +32,7 @@ class TrainConfig:
     num_classes: int = field(default=0, metadata={"help": "number of classes; 0 = from the label feature or max label + 1"})
     val_fraction: float = field(default=0.1, metadata={"help": "share of the data held out for validation when the dataset has no validation split"})
     test_fraction: float = field(default=0.2, metadata={"help": "share of the data held out for test when the dataset has no test split"})
+    streaming: bool = field(default=False, metadata={"help": "read the dataset as a stream (datasets' IterableDataset) instead of preparing it first: for datasets bigger than the disk. Needs --max-steps, a validation split in the dataset, and --num-classes unless the label is a ClassLabel; the main process reads, accelerate dispatches each rank its slice"})
     max_in_memory_mb: int = field(default=1024, metadata={"help": "tables of numbers whose features (as float32) fit in this many MB are held as tensors, the fastest path; larger ones stay in memory-mapped Arrow files and are read per batch (0 = always Arrow). The summary's data_path says which"})
     synthetic_samples: int = field(default=20000, metadata={"help": "rows of the 'synthetic' dataset"})
     synthetic_features: int = field(default=64, metadata={"help": "features of the 'synthetic' dataset"})
@@ -264,6 +265,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("--val-fraction plus --test-fraction must leave some training data")
     if cfg.resume and cfg.overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: choose one")
+    if cfg.streaming and not cfg.max_steps:
+        raise ConfigError("--streaming needs --max-steps: a stream has no length to size the learning-rate schedule by")
+    if cfg.streaming and cfg.task != "classify":
+        raise ConfigError("--streaming reads classification data (tables of numbers or images); language-model text is tokenised into memory-mapped files instead")
     if cfg.persistent_workers and cfg.num_workers == 0:
         raise ConfigError("--persistent-workers needs --num-workers > 0")
     for name in ("hidden_sizes", "channels"):

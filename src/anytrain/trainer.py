@@ -235,8 +235,9 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in (data.train, data.validation, data.test) if split is not None]
     # Moves the model to the device, wraps it for DDP/FSDP, mixed precision and torch.compile, and shards the loaders by rank.
     model, optimizer, *loaders = accelerator.prepare(model, optimizer, *loaders)
-    steps_per_epoch = math.ceil(len(loaders[0]) / cfg.grad_accum_steps)  # the last, short cycle of an epoch still steps
-    total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
+    batches = epoch_batches(loaders[0])
+    steps_per_epoch = math.ceil(batches / cfg.grad_accum_steps) if batches is not None else math.inf  # the last, short cycle still steps
+    total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)  # a stream has no length: --max-steps then
     scheduler = build_scheduler(cfg, optimizer, total_steps)
     described = {"model": model_name(cfg, data.shape()), **task.describe_data(data, model_of(accelerator, model))}
     progress = Progress(config=cfg.to_dict(), data=described)
@@ -257,6 +258,14 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
         accelerator.init_trackers(cfg.run_name or run_dir.resolve().name, config=hparams)
     test_loader = loaders[2] if len(loaders) > 2 else None
     return Parts(accelerator, task, data, model, optimizer, scheduler, loaders[0], loaders[1], test_loader, progress, total_steps, resume_from)
+
+
+def epoch_batches(loader) -> int | None:
+    """Batches per epoch on this rank; None for a stream."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def model_of(accelerator: Accelerator, model: nn.Module) -> nn.Module:
@@ -288,7 +297,7 @@ class Loop:
         self.skipped_steps = 0
         self.epoch = self.progress.epoch
         self.train_seconds = 0.0
-        self.stopped_early = self.stop_signal = self.validated = False
+        self.stopped_early = self.stop_signal = self.validated = self.epoch_ran_out = False
 
     def run(self) -> None:
         cfg, progress = self.cfg, self.progress
@@ -312,6 +321,7 @@ class Loop:
         done = self.progress.batches_done
         batches = accelerator.skip_first_batches(self.parts.train_loader, done) if done else self.parts.train_loader
         self.validated = False
+        self.epoch_ran_out = False
         for inputs, targets in batches:
             with accelerator.accumulate(model):  # gradients are all-reduced and applied once per grad_accum_steps batches
                 outputs = model(inputs)
@@ -329,6 +339,8 @@ class Loop:
                 self.after_step()
                 if self.finished():
                     break
+        else:
+            self.epoch_ran_out = True  # the data ran out (how a stream's epoch ends)
 
     def after_step(self) -> None:
         """One optimizer step is complete: schedule, log, validate, stop on a signal, checkpoint."""
@@ -359,7 +371,7 @@ class Loop:
         if self.accelerator.is_main_process:
             metrics = ", ".join(f"val_{k} {v:.4f}" for k, v in self.val.items())
             tqdm.write(f"epoch {epoch}: step {self.progress.step}, {metrics}")
-        if self.progress.batches_done >= len(self.parts.train_loader):  # the epoch ran to its end
+        if self.epoch_ran_out or self.progress.batches_done >= (epoch_batches(self.parts.train_loader) or math.inf):  # the epoch ran to its end
             self.progress.epoch, self.progress.batches_done = epoch + 1, 0
         self.checkpoint()
 

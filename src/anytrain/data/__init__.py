@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
@@ -84,7 +84,9 @@ class DataSplits:
                 "data_path": "arrow (memory-mapped), read per batch" if self.stats else "in-memory tensors"}
 
 
-def make_loader(data: TensorPairs, cfg: TrainConfig, shuffle: bool) -> DataLoader:
+def make_loader(data: Dataset, cfg: TrainConfig, shuffle: bool) -> DataLoader:
+    if isinstance(data, IterableDataset):  # a stream (stream.py) yields whole batches and shuffles through its own buffer
+        return DataLoader(data, batch_size=None, num_workers=cfg.num_workers, pin_memory=cfg.pin_memory, persistent_workers=cfg.persistent_workers)
     return DataLoader(
         data,
         batch_size=cfg.batch_size,
@@ -110,8 +112,12 @@ def load_splits(cfg: TrainConfig, given=None):
 
     if given is None and cfg.dataset == "synthetic":
         return _synthetic(cfg)
-    raw, source = _load_raw(cfg.dataset) if given is None else (given, f"{type(given).__name__} object")
+    raw, source = _load_raw(cfg.dataset, cfg.streaming) if given is None else (given, f"{type(given).__name__} object")
     splits = _named_splits(raw)
+    if cfg.streaming:
+        from .stream import load_stream_splits
+
+        return load_stream_splits(cfg, {name: _as_stream(ds) for name, ds in splits.items()}, source)
     column = image_column(splits["train"], cfg)
     if column is not None:
         return load_image_splits(cfg, splits, source, column)
@@ -130,7 +136,14 @@ def load_splits(cfg: TrainConfig, given=None):
     return _finish(tensors, cfg, num_classes, source, class_names, input_columns)
 
 
-def _load_raw(name: str):
+def _as_stream(ds):
+    import datasets
+
+    return ds.to_iterable_dataset() if isinstance(ds, datasets.Dataset) else ds
+
+
+def _load_raw(name: str, streaming: bool = False):
+    """A Dataset/DatasetDict for a name or path; with streaming, IterableDataset(Dict) where datasets can stream it."""
     import datasets
 
     datasets.disable_progress_bars()  # one tqdm bar per run is enough
@@ -141,14 +154,14 @@ def _load_raw(name: str):
         if path.is_dir():
             if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
                 return datasets.load_from_disk(str(path)), str(path)
-            return datasets.load_dataset(str(path)), str(path)
+            return datasets.load_dataset(str(path), streaming=streaming), str(path)
         if path.is_file():
             builder = FILE_BUILDERS.get(path.suffix.lower())
             if builder is None:
                 raise ConfigError(f"--dataset: {name}: unsupported file type '{path.suffix}' (use {', '.join(FILE_BUILDERS)} or a save_to_disk folder)")
             if path.stat().st_size == 0:
                 raise ConfigError(f"--dataset: {name} is empty")
-            return datasets.load_dataset(builder, data_files=str(path)), str(path)
+            return datasets.load_dataset(builder, data_files=str(path), streaming=streaming), str(path)
     except ConfigError:
         raise
     except Exception as e:  # datasets/pyarrow raise many kinds for unreadable files
@@ -158,7 +171,7 @@ def _load_raw(name: str):
     if path.suffix.lower() in FILE_BUILDERS or name.startswith((".", "/", "~")):
         raise ConfigError(f"--dataset: file not found: {name}")
     try:
-        return datasets.load_dataset(name), f"hub:{name}"
+        return datasets.load_dataset(name, streaming=streaming), f"hub:{name}"
     except Exception as e:
         raise ConfigError(f"--dataset: '{name}' is not a local file or folder, and loading it from the hub failed: {_first_line(e)}") from None
 
@@ -172,9 +185,9 @@ def _named_splits(raw) -> dict:
     """Map a Dataset or DatasetDict onto train/validation/test; absent ones are carved from train later."""
     import datasets
 
-    if isinstance(raw, datasets.Dataset):
+    if isinstance(raw, (datasets.Dataset, datasets.IterableDataset)):
         return {"train": raw}
-    if not isinstance(raw, (datasets.DatasetDict, dict)):
+    if not isinstance(raw, (datasets.DatasetDict, datasets.IterableDatasetDict, dict)):
         raise ConfigError(f"dataset: expected a datasets.Dataset or DatasetDict, got {type(raw).__name__}")
     names = {k.lower(): k for k in raw}
     if "train" not in names:

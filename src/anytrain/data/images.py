@@ -72,7 +72,7 @@ class ImageRows(Dataset):
     float tensors (batch, channels, size, size) only when the DataLoader asks for one."""
 
     def __init__(self, rows, column: str, targets: torch.Tensor, split: str, look: ImageLook, augment: tuple[str, ...] = (), seed: int = 0):
-        self.rows = rows.select_columns([column]).cast_column(column, _undecoded())  # bytes/paths: decoded here, per batch
+        self.rows = rows.select_columns([column]).cast_column(column, undecoded())  # bytes/paths: decoded here, per batch
         self.column, self.targets, self.split = column, targets, split
         self.look, self.augment, self.seed = look, tuple(augment), seed
         self.epoch = 0
@@ -90,19 +90,11 @@ class ImageRows(Dataset):
 
     def __getitems__(self, indices: list[int]):
         values = self.rows[list(indices)][self.column]
-        pixels = np.stack([self.pixels(v, int(i)) for v, i in zip(values, indices)])
-        return self.look.normalise(pixels), self.targets[torch.as_tensor(indices)]
-
-    def pixels(self, value: dict, index: int) -> np.ndarray:
-        """One image as uint8 (size, size, channels): converted, resized, augmented."""
-        image = self.look.fit(decode(value, f"row {index} of the {self.split} split"))
-        if self.augment:
-            image = augmented(image, self.augment, np.random.default_rng((self.seed, self.epoch, index)))
-        array = np.asarray(image, dtype=np.uint8)
-        return array[..., None] if array.ndim == 2 else array
+        inputs = self.look.batch(values, indices, self.split, self.augment, self.seed, self.epoch)
+        return inputs, self.targets[torch.as_tensor(indices)]
 
 
-def _undecoded():
+def undecoded():
     import datasets
 
     return datasets.Image(decode=False)
@@ -143,17 +135,33 @@ class ImageLook:
             image = image.resize((self.size, self.size), Image.Resampling.BILINEAR)
         return image
 
+    def pixels(self, value: dict, index: int, split: str, augment: tuple[str, ...], seed: int, epoch: int) -> np.ndarray:
+        """One image as uint8 (size, size, channels): decoded, converted, resized, augmented."""
+        image = self.fit(decode(value, f"row {index} of the {split} split"))
+        if augment:
+            image = augmented(image, augment, np.random.default_rng((seed, epoch, index)))
+        array = np.asarray(image, dtype=np.uint8)
+        return array[..., None] if array.ndim == 2 else array
+
+    def batch(self, values: list[dict], indices, split: str, augment: tuple[str, ...] = (), seed: int = 0, epoch: int = 0) -> torch.Tensor:
+        """Encoded images (datasets' {"bytes", "path"}) with their sample indices -> one normalised float batch."""
+        return self.normalise(np.stack([self.pixels(v, int(i), split, augment, seed, epoch) for v, i in zip(values, indices)]))
+
     def normalise(self, pixels: np.ndarray) -> torch.Tensor:
         """uint8 (batch, size, size, channels) -> float (batch, channels, size, size), standardised per channel."""
         x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float().div_(255.0)
         return x.sub_(self.mean.view(1, -1, 1, 1)).div_(self.std.view(1, -1, 1, 1)).contiguous()
 
 
-def measure_look(rows, column: str, cfg: TrainConfig, source: str) -> ImageLook:
-    """Mode, size and per-channel mean/std from up to STATS_SAMPLE training images spread over the split."""
+def sample_values(rows, column: str) -> tuple[list[dict], list[int]]:
+    """Up to STATS_SAMPLE encoded training images spread over the split, with their row numbers."""
     count = len(rows)
     picks = np.unique(np.linspace(0, count - 1, min(count, STATS_SAMPLE)).round().astype(np.int64)).tolist()
-    values = rows.select_columns([column]).cast_column(column, _undecoded())[picks][column]
+    return rows.select_columns([column]).cast_column(column, undecoded())[picks][column], picks
+
+
+def measure_look(values: list[dict], picks: list[int], cfg: TrainConfig, source: str) -> ImageLook:
+    """Mode, size and per-channel mean/std from a sample of training images."""
     images = [decode(v, f"row {i} of the train split of {source}") for v, i in zip(values, picks)]
     mode = "L" if all(im.mode in GRAY_MODES for im in images) else "RGB"
     size = cfg.image_size or max(images[0].size)
@@ -206,7 +214,7 @@ def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) 
     parts = carve({name: (ds, _label_ids(y, string_ids)) for name, (ds, y, _) in labelled.items()}, cfg, source, take=lambda ds, idx: ds.select(idx.tolist()))
     if len(torch.unique(parts["train"][1])) < 2:
         raise ConfigError(f"--label-column: every training image of {source} has the same label; a classifier needs at least 2 classes to learn")
-    look = measure_look(parts["train"][0], column, cfg, source)
+    look = measure_look(*sample_values(parts["train"][0], column), cfg, source)
     rows = {name: ImageRows(ds, column, y, name, look, cfg.augment if name == "train" else (), cfg.seed) for name, (ds, y) in parts.items()}
     class_names = list(string_ids) if string_ids is not None else list(names) if names else None
     return ImageSplits(rows["train"], rows["validation"], rows["test"], num_classes, source, look, class_names, [column])
