@@ -28,14 +28,27 @@ FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl"
 VALIDATION_NAMES = ("validation", "valid", "val", "dev")
 
 
-class TensorPairs(Dataset):
+class BatchRows(Dataset):
+    """A split read a whole batch at a time: subclasses hold `targets` and define `__getitems__`."""
+
+    targets: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index):
+        inputs, targets = self.__getitems__([index])
+        return inputs[0], targets[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing random to redraw (the sampler shuffles)."""
+
+
+class TensorPairs(BatchRows):
     """(features, labels) tensors; `__getitems__` lets the DataLoader fetch a whole batch at once."""
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
         self.inputs, self.targets = inputs, targets
-
-    def __len__(self) -> int:
-        return len(self.targets)
 
     def __getitem__(self, index):
         return self.inputs[index], self.targets[index]
@@ -43,9 +56,6 @@ class TensorPairs(Dataset):
     def __getitems__(self, indices: list[int]):
         index = torch.as_tensor(indices)
         return self.inputs[index], self.targets[index]
-
-    def set_epoch(self, epoch: int) -> None:
-        """Nothing random to redraw (the sampler shuffles)."""
 
 
 def keep_batch(batch):
@@ -298,6 +308,21 @@ def _synthetic(cfg: TrainConfig) -> DataSplits:
     features = centres[labels] + 1.5 * torch.randn(cfg.synthetic_samples, cfg.synthetic_features, generator=g)
     source = f"synthetic ({cfg.synthetic_samples} x {cfg.synthetic_features}, {cfg.synthetic_classes} classes)"
     return _finish({"train": (features, labels)}, cfg, cfg.synthetic_classes, source)
+
+
+def labelled_rows(splits: dict, cfg: TrainConfig, source: str) -> tuple[dict, int, list[str] | None]:
+    """Rows that stay in Arrow (arrow.py, images.py): labels read and checked into tensors, missing
+    splits carved from train. Returns ({split: (rows, labels)}, number of classes, class names)."""
+    labelled = {}
+    for name, ds in splits.items():
+        labels = ds.with_format("arrow")[cfg.label_column].to_numpy()
+        labelled[name] = (ds, labels, getattr(ds.features[cfg.label_column], "names", None))
+    num_classes, string_ids = _num_classes(labelled, cfg, source)
+    names = next(iter(labelled.values()))[2]
+    parts = carve({name: (ds, _label_ids(y, string_ids)) for name, (ds, y, _) in labelled.items()}, cfg, source, take=lambda ds, idx: ds.select(idx.tolist()))
+    if len(torch.unique(parts["train"][1])) < 2:
+        raise ConfigError(f"--label-column: every training row of {source} has the same label; a classifier needs at least 2 classes to learn")
+    return parts, num_classes, list(string_ids) if string_ids is not None else list(names) if names else None
 
 
 def carve(parts: dict, cfg: TrainConfig, source: str, take=lambda x, idx: x[idx]) -> dict:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import torch
-from torch.utils.data import Dataset
-
 from ..config import ConfigError, TrainConfig
+from . import BatchRows
 
 CHUNK_ROWS = 8192  # rows per Arrow chunk in the statistics pass (8192 x 256 float64 features = 16 MB)
 
@@ -27,19 +26,12 @@ def table_megabytes(splits: dict, inputs: list[str]) -> float:
     return sum(len(ds) for ds in splits.values()) * width * 4 / 2**20
 
 
-class ArrowRows(Dataset):
+class ArrowRows(BatchRows):
     """One split's rows in Arrow (inputs, memory-mapped) and its labels (a tensor); a batch is one `take`."""
 
     def __init__(self, rows, columns: list[str], targets: torch.Tensor):
         self.rows = rows.select_columns(columns).with_format("arrow")
         self.columns, self.targets = columns, targets
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def __getitem__(self, index):
-        inputs, targets = self.__getitems__([index])
-        return inputs[0], targets[0]
 
     def __getitems__(self, indices: list[int]):
         from . import _numeric_rows
@@ -47,9 +39,6 @@ class ArrowRows(Dataset):
         table = self.rows[list(indices)]
         inputs = np.concatenate([_numeric_rows(table[c]) for c in self.columns], axis=1)
         return torch.from_numpy(inputs), self.targets[torch.as_tensor(indices)]
-
-    def set_epoch(self, epoch: int) -> None:
-        """Nothing random to redraw (the sampler shuffles)."""
 
     def column_stats(self, source: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-feature mean and (unbiased) std in one chunked pass; ConfigError on NaN or infinity."""
@@ -75,22 +64,13 @@ class ArrowRows(Dataset):
 
 def load_arrow_splits(cfg: TrainConfig, splits: dict, source: str, inputs: list[str]):
     """Labels checked and held in memory; the inputs stay in Arrow. Missing splits are carved from train."""
-    from . import DataSplits, _label_ids, _num_classes, carve
+    from . import DataSplits, labelled_rows
 
-    labelled = {}
-    for name, ds in splits.items():
-        labels = ds.with_format("arrow")[cfg.label_column].to_numpy()
-        labelled[name] = (ds, labels, getattr(ds.features[cfg.label_column], "names", None))
-    num_classes, string_ids = _num_classes(labelled, cfg, source)
-    names = next(iter(labelled.values()))[2]
-    parts = carve({name: (ds, _label_ids(y, string_ids)) for name, (ds, y, _) in labelled.items()}, cfg, source, take=lambda ds, idx: ds.select(idx.tolist()))
-    if len(torch.unique(parts["train"][1])) < 2:
-        raise ConfigError(f"--label-column: every training row of {source} has the same label; a classifier needs at least 2 classes to learn")
+    parts, num_classes, class_names = labelled_rows(splits, cfg, source)
     rows = {name: ArrowRows(ds, inputs, y) for name, (ds, y) in parts.items()}
     for name, split in rows.items():
         stats = split.column_stats(source, name)  # every split is checked for NaN; the training split's statistics are kept
         if name == "train":
             mean, std = stats
-    class_names = list(string_ids) if string_ids is not None else list(names) if names else None
     return DataSplits(rows["train"], rows["validation"], rows["test"], num_features=len(mean), num_classes=num_classes, source=source,
                       class_names=class_names, input_columns=inputs, stats=(mean, std))

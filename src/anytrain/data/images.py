@@ -24,10 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
-
 from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
+from . import BatchRows
 
 STATS_SAMPLE = 1000  # training images decoded to choose the mode and size and to measure mean/std
 GRAY_MODES = ("1", "L", "LA", "I", "I;16", "F")
@@ -67,7 +66,7 @@ def decode(value: dict, where: str):
         raise BadImage(f"--dataset: cannot decode image {name} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
 
 
-class ImageRows(Dataset):
+class ImageRows(BatchRows):
     """One split: Arrow-backed rows (images stay encoded) and the labels, turned into a batch of
     float tensors (batch, channels, size, size) only when the DataLoader asks for one."""
 
@@ -80,13 +79,6 @@ class ImageRows(Dataset):
     def set_epoch(self, epoch: int) -> None:
         """The augmentation of an epoch is drawn from (seed, epoch, index); the loop calls this before each."""
         self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def __getitem__(self, index):
-        inputs, targets = self.__getitems__([index])
-        return inputs[0], targets[0]
 
     def __getitems__(self, indices: list[int]):
         values = self.rows[list(indices)][self.column]
@@ -197,25 +189,17 @@ class ImageSplits:
 
 def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) -> ImageSplits:
     """Labels checked and held in memory; images stay in Arrow. Missing splits are carved from train."""
-    from . import _label_ids, _num_classes, carve
+    from . import labelled_rows
 
     if cfg.persistent_workers and cfg.augment:
         raise ConfigError("--persistent-workers: kept-alive workers would repeat the first epoch's augmentation; drop it or pass --augment with nothing after it")
-    labelled = {}
     for name, ds in splits.items():
         if len(ds) == 0:
             raise ConfigError(f"--dataset: the {name} split of {source} is empty")
         if cfg.label_column not in ds.column_names:
             raise ConfigError(f"--label-column: column '{cfg.label_column}' not in {source} (columns: {', '.join(ds.column_names)})")
-        labels = ds.with_format("arrow")[cfg.label_column].to_numpy()
-        labelled[name] = (ds, labels, getattr(ds.features[cfg.label_column], "names", None))
-    num_classes, string_ids = _num_classes(labelled, cfg, source)
-    names = next(iter(labelled.values()))[2]
-    parts = carve({name: (ds, _label_ids(y, string_ids)) for name, (ds, y, _) in labelled.items()}, cfg, source, take=lambda ds, idx: ds.select(idx.tolist()))
-    if len(torch.unique(parts["train"][1])) < 2:
-        raise ConfigError(f"--label-column: every training image of {source} has the same label; a classifier needs at least 2 classes to learn")
+    parts, num_classes, class_names = labelled_rows(splits, cfg, source)
     look = measure_look(*sample_values(parts["train"][0], column), cfg, source)
     rows = {name: ImageRows(ds, column, y, name, look, cfg.augment if name == "train" else (), cfg.seed) for name, (ds, y) in parts.items()}
-    class_names = list(string_ids) if string_ids is not None else list(names) if names else None
     return ImageSplits(rows["train"], rows["validation"], rows["test"], num_classes, source, look, class_names, [column])
 
