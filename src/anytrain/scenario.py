@@ -119,6 +119,24 @@ def compile_problem() -> str | None:
     return None
 
 
+def restart_problem() -> str | None:
+    """Why torchrun's in-place restarts (--max_restarts) may not reconnect the ranks, or None.
+
+    By default (torch 2.13) the launcher keeps one TCP store for the whole job and every attempt's
+    ranks post their gloo/NCCL addresses under the same keys there, so a restarted rank can read a
+    killed rank's address: "Connection refused", or both ranks waiting in connectFullMesh until
+    --collective-timeout. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the launcher's environment gives
+    each attempt a fresh store (c10d rendezvous only; the static one always shares its store)."""
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    if restarts == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return (
+        f"--max_restarts {restarts}: the launcher shares one store between attempts, so a restarted rank can read the "
+        "previous attempt's addresses and fail to reconnect. Launch with --rdzv_backend c10d and "
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the launcher's environment (as examples/slurm/train.sbatch does)"
+    )
+
+
 def asked_for_several_cpu_processes() -> bool:
     """accelerate's single-process launcher exports MASTER_ADDR only when more than one process
     (or machine) was asked for; a CPU launch that got there started one process all the same."""
@@ -166,6 +184,9 @@ def describe(accelerator: Accelerator) -> dict:
         warnings.append("the accelerate config asks for GPUs but this machine has no CUDA device: training on the CPU")
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and state.distributed_type != DistributedType.FSDP:
         warnings.append(f"FSDP was requested but runs only on GPUs: training with {state.distributed_type.value} (every rank holds the whole model)")
+    restart = restart_problem()
+    if restart:
+        warnings.append(restart)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
         raise LaunchError(
