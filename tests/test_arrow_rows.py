@@ -19,6 +19,7 @@ def test_arrow_rows_train_like_in_memory_tensors(tmp_path, one_thread):
     memory = anytrain.train(FAST, output_dir=str(tmp_path / "memory"))
     arrow = anytrain.train(FAST, max_in_memory_mb=0, output_dir=str(tmp_path / "arrow"))
     assert memory["data_path"] == "in-memory tensors" and arrow["data_path"] == "arrow (memory-mapped), read per batch"
+    assert memory["num_workers"] == arrow["num_workers"] == 0  # --num-workers auto: tables load in the training process
     a, b = anytrain.load_model(tmp_path / "memory").state_dict(), anytrain.load_model(tmp_path / "arrow").state_dict()
     assert torch.allclose(a["0.mean"], b["0.mean"], atol=1e-5) and torch.allclose(a["0.std"], b["0.std"], rtol=1e-5)
     assert max_abs_diff(a, b) < 1e-3  # the same batches; only the statistics differ in the last bits (measured 2e-5)

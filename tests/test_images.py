@@ -52,6 +52,7 @@ def test_rgb_images_of_mixed_sizes_are_resized_and_a_parquet_image_column_trains
     summary = anytrain.train(dataset=str(mixed), model="mlp", image_size=16, augment=[], hidden_sizes=[128], epochs=8, progress=False,
                              output_dir=str(tmp_path / "rgb_run"))
     assert summary["image_mode"] == "RGB" and summary["image_size"] == 16 and len(summary["image_mean"]) == 3
+    assert summary["num_workers"] == 1  # --num-workers auto: one worker decodes while the step runs
     assert summary["test_accuracy"] > 0.8, summary["test_accuracy"]  # measured 0.93
     table = write_image_parquet(tmp_path / "digits.parquet", size=8, mode="L", count=900)
     summary = anytrain.train(dataset=str(table), model="cnn", channels=[16], augment=[], epochs=8, progress=False, output_dir=str(tmp_path / "pq_run"))

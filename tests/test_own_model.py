@@ -44,6 +44,7 @@ FACTORIES = {
         ("wrong_shape.py:build", "--model wrong_shape.py:build: the model maps inputs of shape (2, 64) to (2, 3); expected logits of shape (2, 10) (batch, num_classes)"),
         ("not_module.py:build", "--model not_module.py:build: the factory returned int, not a torch.nn.Module"),
         ("breaks.py:build", "--model breaks.py:build: the model failed on a batch of inputs of shape (2, 64): RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+        ("resnet", "--model resnet needs image data (an Image column or a folder of images)"),
         ("syntax.py:build", "--model syntax.py:build: cannot import syntax.py (SyntaxError: expected ':'"),
     ],
 )

@@ -74,7 +74,7 @@ class TrainConfig:
     early_stopping_patience: int = field(default=0, metadata={"help": "stop after this many validations without improvement of the validation loss; 0 = off"})
     early_stopping_min_delta: float = field(default=0.0, metadata={"help": "improvement smaller than this does not count"})
     # --- data loading ---
-    num_workers: int = field(default=0, metadata={"help": "DataLoader worker processes (0 = load in the training process)"})
+    num_workers: int = field(default=-1, metadata={"help": "DataLoader worker processes per training process (0 = load in the training process); -1 = auto: 1 for images (decoding overlaps the step), 0 for tables and text (a batch is one index operation; docs/benchmarks.md has the figures)"})
     pin_memory: bool = field(default=False, metadata={"help": "pin host memory of batches (helps host-to-GPU copies)"})
     persistent_workers: bool = field(default=False, metadata={"help": "keep DataLoader workers alive between epochs (needs num_workers > 0)"})
     # --- run ---
@@ -227,7 +227,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if kind is float and not math.isfinite(getattr(cfg, name)):
             raise ConfigError(f"{_flag(name)} must be a finite number, got {getattr(cfg, name)}")
     positive = ["collective_timeout", "epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd", "blocks_per_stage"]
-    non_negative = ["max_in_memory_mb", "image_size", "checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_workers", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
+    non_negative = ["max_in_memory_mb", "image_size", "checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{_flag(name)} must be positive, got {getattr(cfg, name)}")
@@ -269,6 +269,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("--streaming needs --max-steps: a stream has no length to size the learning-rate schedule by")
     if cfg.streaming and cfg.task != "classify":
         raise ConfigError("--streaming reads classification data (tables of numbers or images); language-model text is tokenised into memory-mapped files instead")
+    if cfg.num_workers < -1:
+        raise ConfigError(f"--num-workers must be -1 (auto) or a count, got {cfg.num_workers}")
     if cfg.persistent_workers and cfg.num_workers == 0:
         raise ConfigError("--persistent-workers needs --num-workers > 0")
     for name in ("hidden_sizes", "channels"):

@@ -35,7 +35,7 @@ from .checkpoint import (
     start_run_folder,
 )
 from .config import ConfigError, TrainConfig
-from .data import make_loader
+from .data import loader_workers, make_loader
 from .optim import build_optimizer, build_scheduler
 from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, write_json
 from .runlock import RunLock
@@ -239,7 +239,7 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     steps_per_epoch = math.ceil(batches / cfg.grad_accum_steps) if batches is not None else math.inf  # the last, short cycle still steps
     total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)  # a stream has no length: --max-steps then
     scheduler = build_scheduler(cfg, optimizer, total_steps)
-    described = {"model": model_name(cfg, data.shape()), **task.describe_data(data, model_of(accelerator, model))}
+    described = {"model": model_name(cfg, data.shape()), "num_workers": loader_workers(data.train, cfg), **task.describe_data(data, model_of(accelerator, model))}
     progress = Progress(config=cfg.to_dict(), data=described)
     if resume_from is not None:
         if pointer_warning:

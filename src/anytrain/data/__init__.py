@@ -94,17 +94,24 @@ class DataSplits:
                 "data_path": "arrow (memory-mapped), read per batch" if self.stats else "in-memory tensors"}
 
 
+def loader_workers(data: Dataset, cfg: TrainConfig) -> int:
+    """--num-workers, or for auto (-1) what the split asks for: AUTO_WORKERS (images: 1, else 0)."""
+    return cfg.num_workers if cfg.num_workers >= 0 else getattr(data, "AUTO_WORKERS", 0)
+
+
 def make_loader(data: Dataset, cfg: TrainConfig, shuffle: bool) -> DataLoader:
+    workers = loader_workers(data, cfg)
+    persistent = cfg.persistent_workers and workers > 0
     if isinstance(data, IterableDataset):  # a stream (stream.py) yields whole batches and shuffles through its own buffer
-        return DataLoader(data, batch_size=None, num_workers=cfg.num_workers, pin_memory=cfg.pin_memory, persistent_workers=cfg.persistent_workers)
+        return DataLoader(data, batch_size=None, num_workers=workers, pin_memory=cfg.pin_memory, persistent_workers=persistent)
     return DataLoader(
         data,
         batch_size=cfg.batch_size,
         shuffle=shuffle,
         collate_fn=keep_batch,
-        num_workers=cfg.num_workers,
+        num_workers=workers,
         pin_memory=cfg.pin_memory,
-        persistent_workers=cfg.persistent_workers,
+        persistent_workers=persistent,
         # Its own generator, so starting an epoch does not draw from the global RNG that dropout
         # uses: a run resumed mid-epoch then sees exactly the random numbers the original saw.
         generator=torch.Generator().manual_seed(cfg.seed) if shuffle else None,

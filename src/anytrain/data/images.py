@@ -70,6 +70,8 @@ class ImageRows(BatchRows):
     """One split: Arrow-backed rows (images stay encoded) and the labels, turned into a batch of
     float tensors (batch, channels, size, size) only when the DataLoader asks for one."""
 
+    AUTO_WORKERS = 1  # --num-workers auto: decoding in one worker overlaps the step (docs/benchmarks.md, "Images")
+
     def __init__(self, rows, column: str, targets: torch.Tensor, split: str, look: ImageLook, augment: tuple[str, ...] = (), seed: int = 0):
         self.rows = rows.select_columns([column]).cast_column(column, undecoded())  # bytes/paths: decoded here, per batch
         self.column, self.targets, self.split = column, targets, split
