@@ -18,7 +18,7 @@ import anytrain
 from anytrain.cli import main
 from anytrain.config import TrainConfig
 from anytrain.data import load_splits
-from anytrain.data.images import ImageRows
+from anytrain.data.images import ImageRows, auto_image_workers
 from anytrain.predict import predict
 
 
@@ -33,10 +33,12 @@ RESNET = {"model": "resnet", "channels": [16, 32], "blocks_per_stage": 1, "dropo
           "epochs": 5, "progress": False}
 
 
-def test_an_imagefolder_trains_a_resnet_the_same_with_0_and_2_workers(tmp_path, gray, one_thread, monkeypatch):
-    epochs = []
-    monkeypatch.setattr(ImageRows, "set_epoch", lambda self, epoch: (self.split == "train" and epochs.append(epoch), setattr(self, "epoch", epoch)))
-    runs = {w: anytrain.train(RESNET, dataset=str(gray), augment=["crop"], num_workers=w, output_dir=str(tmp_path / f"w{w}")) for w in (0, 2)}
+def test_an_imagefolder_trains_a_resnet_the_same_with_0_and_2_persistent_workers(tmp_path, gray, one_thread, monkeypatch):
+    epochs, real = [], ImageRows.set_epoch
+    monkeypatch.setattr(ImageRows, "set_epoch", lambda self, epoch: (self.split == "train" and epochs.append(epoch), real(self, epoch)))
+    # workers kept alive across epochs still see each new epoch (it is in shared memory)
+    runs = {w: anytrain.train(RESNET, dataset=str(gray), augment=["crop"], num_workers=w, persistent_workers=w > 0, output_dir=str(tmp_path / f"w{w}"))
+            for w in (0, 2)}
     s = runs[0]
     assert s["model"] == "resnet" and s["image_mode"] == "L" and s["image_size"] == 16 and s["augment"] == ["crop"]
     assert s["data_path"].startswith("arrow") and s["train_samples"] == 1797 - 179 - 359
@@ -52,7 +54,7 @@ def test_rgb_images_of_mixed_sizes_are_resized_and_a_parquet_image_column_trains
     summary = anytrain.train(dataset=str(mixed), model="mlp", image_size=16, augment=[], hidden_sizes=[128], epochs=8, progress=False,
                              output_dir=str(tmp_path / "rgb_run"))
     assert summary["image_mode"] == "RGB" and summary["image_size"] == 16 and len(summary["image_mean"]) == 3
-    assert summary["num_workers"] == 1  # --num-workers auto: one worker decodes while the step runs
+    assert summary["num_workers"] == auto_image_workers() == (1 if len(os.sched_getaffinity(0)) > 1 else 0)  # auto: one thread computes, a worker decodes
     assert summary["test_accuracy"] > 0.8, summary["test_accuracy"]  # measured 0.93
     table = write_image_parquet(tmp_path / "digits.parquet", size=8, mode="L", count=900)
     summary = anytrain.train(dataset=str(table), model="cnn", channels=[16], augment=[], epochs=8, progress=False, output_dir=str(tmp_path / "pq_run"))
@@ -61,6 +63,17 @@ def test_rgb_images_of_mixed_sizes_are_resized_and_a_parquet_image_column_trains
     rows = predict(str(tmp_path / "pq_run"), str(table))  # new images go through the run's own conversion and normalisation
     assert len(rows) == 900 and rows[0]["class_name"] == str(rows[0]["class_id"])
     assert sum(r["class_id"] == r["label"] for r in rows) / len(rows) > 0.8
+
+
+def test_auto_workers_give_images_a_worker_only_where_it_has_a_core(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert auto_image_workers() == 0  # 2 cores, 2 torch threads: a worker would only slow the step
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert auto_image_workers() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert auto_image_workers() == 0  # 4 processes x 2 threads fill the 8 cores
 
 
 def test_augmentation_is_a_function_of_seed_epoch_and_index(gray):

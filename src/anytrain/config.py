@@ -74,7 +74,7 @@ class TrainConfig:
     early_stopping_patience: int = field(default=0, metadata={"help": "stop after this many validations without improvement of the validation loss; 0 = off"})
     early_stopping_min_delta: float = field(default=0.0, metadata={"help": "improvement smaller than this does not count"})
     # --- data loading ---
-    num_workers: int = field(default=-1, metadata={"help": "DataLoader worker processes per training process (0 = load in the training process); -1 = auto: 1 for images (decoding overlaps the step), 0 for tables and text (a batch is one index operation; docs/benchmarks.md has the figures)"})
+    num_workers: int = field(default=-1, metadata={"help": "DataLoader worker processes per training process (0 = load in the training process); -1 = auto: 0 for tables and text (a batch is one index operation); for images 1 where it gets a core of its own (beside a GPU, or more cores than training threads), else 0 (docs/benchmarks.md has the figures)"})
     pin_memory: bool = field(default=False, metadata={"help": "pin host memory of batches (helps host-to-GPU copies)"})
     persistent_workers: bool = field(default=False, metadata={"help": "keep DataLoader workers alive between epochs (needs num_workers > 0)"})
     # --- run ---

@@ -20,6 +20,7 @@ STATS_SAMPLE training images spread over the split.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,22 +71,41 @@ class ImageRows(BatchRows):
     """One split: Arrow-backed rows (images stay encoded) and the labels, turned into a batch of
     float tensors (batch, channels, size, size) only when the DataLoader asks for one."""
 
-    AUTO_WORKERS = 1  # --num-workers auto: decoding in one worker overlaps the step (docs/benchmarks.md, "Images")
+    @property
+    def AUTO_WORKERS(self) -> int:  # noqa: N802 - read by data.loader_workers like the other splits' class constant
+        return auto_image_workers()
 
     def __init__(self, rows, column: str, targets: torch.Tensor, split: str, look: ImageLook, augment: tuple[str, ...] = (), seed: int = 0):
         self.rows = rows.select_columns([column]).cast_column(column, undecoded())  # bytes/paths: decoded here, per batch
         self.column, self.targets, self.split = column, targets, split
         self.look, self.augment, self.seed = look, tuple(augment), seed
-        self.epoch = 0
+        # In shared memory: DataLoader workers kept alive between epochs (--persistent-workers) read the new epoch too.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """The augmentation of an epoch is drawn from (seed, epoch, index); the loop calls this before each."""
-        self.epoch = epoch
+        self._epoch.fill_(epoch)
 
     def __getitems__(self, indices: list[int]):
         values = self.rows[list(indices)][self.column]
         inputs = self.look.batch(values, indices, self.split, self.augment, self.seed, self.epoch)
         return inputs, self.targets[torch.as_tensor(indices)]
+
+
+def auto_image_workers() -> int:
+    """--num-workers auto for images: one worker decodes while the step runs, where it gets a core of
+    its own: beside a GPU, or when this machine's cores outnumber the training processes' torch
+    threads. Otherwise the worker takes the cores the step computes on: on 2 cores and 2 threads,
+    0 workers trained 10-15 % faster than 1 or 2, though the step then waits ~22 % of its time for
+    decoding (docs/benchmarks.md, "Images")."""
+    if torch.cuda.is_available():
+        return 1
+    busy = torch.get_num_threads() * int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return 1 if len(os.sched_getaffinity(0)) > busy else 0
 
 
 def undecoded():
@@ -193,8 +213,6 @@ def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) 
     """Labels checked and held in memory; images stay in Arrow. Missing splits are carved from train."""
     from . import labelled_rows
 
-    if cfg.persistent_workers and cfg.augment:
-        raise ConfigError("--persistent-workers: kept-alive workers would repeat the first epoch's augmentation; drop it or pass --augment with nothing after it")
     for name, ds in splits.items():
         if len(ds) == 0:
             raise ConfigError(f"--dataset: the {name} split of {source} is empty")
