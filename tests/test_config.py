@@ -36,7 +36,7 @@ def test_help_lists_every_option_with_its_default():
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         assert flag in text, flag
-    assert "(default: 3e-3)" in text or "(default: 0.003)" in text
+    assert "(default: 2e-3)" in text or "(default: 0.002)" in text
     assert "--config" in text
 
 

@@ -11,11 +11,12 @@ from anytrain.optim import lr_factor
 pytestmark = pytest.mark.launch
 
 
-def test_default_run_on_cpu_yaml_reaches_97_percent(tmp_path):
+def test_default_run_on_cpu_yaml_reaches_98_percent(tmp_path):
     out = launch("cpu.yaml", "--output-dir", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(tmp_path / "run")
-    assert summary["test_accuracy"] >= 0.97
+    # measured 0.9805 (352 of 359) on the 2-core EPYC; 2 samples of slack for another CPU's float rounding
+    assert summary["test_accuracy"] >= 0.975 and summary["train_seconds"] < 60
     scenario = summary["scenario"]
     assert (scenario["distributed_type"], scenario["num_processes"], scenario["device"]) == ("NO", 1, "cpu")
     assert "1 process(es), device cpu" in out.stdout

@@ -141,9 +141,9 @@ def test_unknown_mode_is_a_clear_error():
     [
         (["--split-at", "99"], "model_parallel: error: --split-at 99 is out of range: the model has 8 layers (0-7)"),
         (["--micro-batches", "0"], "model_parallel: error: --micro-batches must be a positive integer, got 0"),
-        (["--micro-batches", "65"], "model_parallel: error: --micro-batches 65 is more than the 64 samples of a batch (--batch-size)"),
-        # digits: 1,259 / 179 / 359 samples in batches of 64, so the smallest batch (the test split's last) holds 39
-        (["--micro-batches", "40"], "model_parallel: error: --micro-batches 40 is more than the 39 samples of the smallest test batch"),
+        (["--micro-batches", "33"], "model_parallel: error: --micro-batches 33 is more than the 32 samples of a batch (--batch-size)"),
+        # digits: 1,259 / 179 / 359 samples in batches of 32, so the smallest batch (the test split's last) holds 7
+        (["--micro-batches", "8"], "model_parallel: error: --micro-batches 8 is more than the 7 samples of the smallest test batch"),
         (["--mode", "tensor"], "model_parallel: error: argument --mode: invalid choice: 'tensor'"),
         (["--epochs", "0"], "model_parallel: error: --epochs must be positive, got 0"),
     ],

@@ -71,7 +71,7 @@ def test_a_killed_run_with_a_torn_log_and_a_damaged_pointer_resumes_exactly(tmp_
     assert [(m["step"], m["loss"]) for m in read_metrics(tmp_path / "reference")] == [(m["step"], m["loss"]) for m in read_metrics(victim_dir)]
 
 
-FAST = {"dataset": "synthetic", "synthetic_samples": 400, "hidden_sizes": [16], "epochs": 1, "progress": False}
+FAST = {"dataset": "synthetic", "synthetic_samples": 400, "hidden_sizes": [16], "batch_size": 64, "epochs": 1, "progress": False}
 
 
 def flags(options: dict) -> list[str]:

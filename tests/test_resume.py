@@ -81,7 +81,7 @@ def test_sigterm_and_sigint_save_then_exit_with_the_conventional_code(tmp_path, 
 
 
 def _cfg(tmp_path, name="run", **kw) -> TrainConfig:
-    base = {"epochs": 2, "hidden_sizes": [16], "progress": False, "output_dir": str(tmp_path / name)}
+    base = {"epochs": 2, "hidden_sizes": [16], "batch_size": 64, "progress": False, "output_dir": str(tmp_path / name)}
     return TrainConfig(**{**base, **kw})
 
 
@@ -148,7 +148,7 @@ def test_bad_input_is_refused_and_touches_nothing(tmp_path, capsys):
     train(_cfg(tmp_path, epochs=1))
     run = tmp_path / "run"
     before = _snapshot(run)
-    base = ["--output-dir", str(run), "--epochs", "1", "--hidden-sizes", "16", "--no-progress"]
+    base = ["--output-dir", str(run), "--epochs", "1", "--hidden-sizes", "16", "--batch-size", "64", "--no-progress"]
     _refused(tmp_path, capsys, base + ["--lr", "0.1"], "holds a run with a different config (lr)")
     _refused(tmp_path, capsys, base + ["--resume", "--hidden-sizes", "32"], "was made with a different config (hidden_sizes: [16] -> [32])")
     _refused(tmp_path, capsys, base + ["--resume", str(tmp_path / "nowhere")], "checkpoint folder not found")
@@ -173,7 +173,7 @@ def test_bad_input_is_refused_and_touches_nothing(tmp_path, capsys):
 def test_an_unfinished_run_is_not_restarted_by_accident(tmp_path, capsys):
     train(_cfg(tmp_path, epochs=1))
     (tmp_path / "run" / "summary.json").unlink()
-    _refused(tmp_path, capsys, ["--output-dir", str(tmp_path / "run"), "--epochs", "1", "--hidden-sizes", "16", "--no-progress"], "holds an unfinished run")
+    _refused(tmp_path, capsys, ["--output-dir", str(tmp_path / "run"), "--epochs", "1", "--hidden-sizes", "16", "--batch-size", "64", "--no-progress"], "holds an unfinished run")
     summary = train(_cfg(tmp_path, epochs=1, overwrite=True))  # asked for explicitly
     assert summary["resumed_from"] is None
 

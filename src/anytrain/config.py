@@ -55,9 +55,9 @@ class TrainConfig:
     # --- optimisation ---
     epochs: int = field(default=40, metadata={"help": "passes over the training split"})
     max_steps: int = field(default=0, metadata={"help": "stop after this many optimizer steps; 0 = no limit"})
-    batch_size: int = field(default=64, metadata={"help": "samples per process per forward pass (global batch = batch_size x processes x grad_accum_steps)"})
+    batch_size: int = field(default=32, metadata={"help": "samples per process per forward pass (global batch = batch_size x processes x grad_accum_steps)"})
     optimizer: str = field(default="adamw", metadata={"help": "adamw or sgd"})
-    lr: float = field(default=3e-3, metadata={"help": "peak learning rate"})
+    lr: float = field(default=2e-3, metadata={"help": "peak learning rate"})
     momentum: float = field(default=0.9, metadata={"help": "SGD momentum"})
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
