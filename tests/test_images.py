@@ -108,8 +108,8 @@ def test_augmented_images_train_the_same_on_2_ranks_as_on_1(tmp_path, gray):
     """2 ranks x 32 = 1 rank x 64 only if each rank augments a sample as the single rank did, in every epoch
     (accelerate tells the dataset the epoch on one rank, not on several: the loop does it)."""
     # 449 test, 132 validation, 1,216 = 19 x 64 training images: no padded batch; an MLP: no batch-norm statistics per rank
-    common = ["--dataset", str(gray), "--model", "mlp", "--hidden-sizes", "64", "--dropout", "0", "--augment", "crop", "flip",
-              "--epochs", "3", "--test-fraction", "0.25", "--val-fraction", "0.0735", "--num-workers", "1"]
+    common = ["--dataset", str(gray), "--model", "mlp", "--hidden-sizes", "32", "--dropout", "0", "--augment", "crop", "flip",
+              "--epochs", "2", "--test-fraction", "0.25", "--val-fraction", "0.0735", "--num-workers", "0"]
     one = launch("cpu.yaml", *common, "--batch-size", "64", "--output-dir", str(tmp_path / "one"))
     two = launch("multi_cpu.yaml", *common, "--batch-size", "32", "--output-dir", str(tmp_path / "two"))
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
@@ -121,15 +121,15 @@ def test_augmented_images_train_the_same_on_2_ranks_as_on_1(tmp_path, gray):
 @pytest.mark.launch
 def test_a_kill_and_resume_with_workers_and_augmentation_is_bit_identical(tmp_path, gray):
     args = ["--dataset", str(gray), "--model", "mlp", "--hidden-sizes", "256", "--dropout", "0.2", "--augment", "crop", "flip",
-            "--num-workers", "2", "--batch-size", "16", "--epochs", "2", "--checkpoint-every-steps", "9", "--log-every-steps", "1", "--no-progress"]
+            "--num-workers", "2", "--batch-size", "32", "--epochs", "2", "--checkpoint-every-steps", "9", "--log-every-steps", "1", "--no-progress"]
     reference = start_run(tmp_path / "reference", args, env={"OMP_NUM_THREADS": "1"})
     victim = start_run(tmp_path / "victim", args, env={"OMP_NUM_THREADS": "1"})
-    wait_for_step(tmp_path / "victim", 95, victim)  # epoch 1 of 2 (79 steps each), past its checkpoint at step 90
+    wait_for_step(tmp_path / "victim", 48, victim)  # epoch 1 of 2 (40 steps each), past its checkpoint at step 45
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
     resumed = start_run(tmp_path / "victim", args, "--resume", env={"OMP_NUM_THREADS": "1"})
     for proc in (reference, resumed):
         code, err = finish_run(proc)
         assert code == 0, err[-3000:]
-    assert read_summary(tmp_path / "victim")["resumed_from"].endswith("step-000090")
+    assert read_summary(tmp_path / "victim")["resumed_from"].endswith("step-000045")
     assert max_abs_diff(anytrain.load_model(tmp_path / "reference").state_dict(), anytrain.load_model(tmp_path / "victim").state_dict()) == 0.0

@@ -96,7 +96,7 @@ def test_objects_from_python_train_and_load_back(tmp_path, one_thread):
 @pytest.mark.launch
 def test_the_example_model_trains_the_same_on_1_and_2_ranks(tmp_path):
     # 1,797 digits: 449 test, 132 validation, 1,216 = 19 x 64 training rows, so no rank gets a padded batch
-    common = ["--model", f"{EXAMPLE}:build", "--epochs", "6", "--dropout", "0", "--test-fraction", "0.25", "--val-fraction", "0.0735"]
+    common = ["--model", f"{EXAMPLE}:build", "--epochs", "4", "--dropout", "0", "--test-fraction", "0.25", "--val-fraction", "0.0735"]
     one = launch("cpu.yaml", *common, "--batch-size", "64", "--output-dir", str(tmp_path / "one"))
     two = launch("multi_cpu.yaml", *common, "--batch-size", "32", "--output-dir", str(tmp_path / "two"))
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
