@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import finish_run, launch, max_abs_diff, read_summary, start_run, wait_for_step
+from conftest import ROOT, finish_run, launch, max_abs_diff, read_summary, start_run, wait_for_step
 from imagedata import write_image_parquet, write_imagefolder
 
 import anytrain
@@ -22,15 +22,18 @@ from anytrain.data.images import ImageRows, auto_image_workers
 from anytrain.predict import predict
 
 
+EXAMPLE = ROOT / "examples" / "own_model.py"
+
+
 @pytest.fixture(scope="module")
 def gray(tmp_path_factory) -> Path:
     """All 1,797 digits as 16 x 16 grayscale PNGs, one folder per class."""
     return write_imagefolder(tmp_path_factory.mktemp("images") / "gray16", size=16, mode="L")
 
 
-# A small ResNet (2 stages of 1 block, 19.7k parameters): ~8 s for 5 epochs on one thread.
+# A small ResNet (2 stages of 1 block, 19.7k parameters): ~5 s for 3 epochs on one thread.
 RESNET = {"model": "resnet", "channels": [16, 32], "blocks_per_stage": 1, "dropout": 0.0, "lr": 0.01, "weight_decay": 5e-4,
-          "epochs": 5, "progress": False}
+          "epochs": 3, "progress": False}
 
 
 def test_an_imagefolder_trains_a_resnet_the_same_with_0_and_2_persistent_workers(tmp_path, gray, one_thread, monkeypatch):
@@ -42,11 +45,11 @@ def test_an_imagefolder_trains_a_resnet_the_same_with_0_and_2_persistent_workers
     s = runs[0]
     assert s["model"] == "resnet" and s["image_mode"] == "L" and s["image_size"] == 16 and s["augment"] == ["crop"]
     assert s["data_path"].startswith("arrow") and s["train_samples"] == 1797 - 179 - 359
-    assert s["test_accuracy"] > 0.9, s["test_accuracy"]  # measured 0.964
+    assert s["test_accuracy"] > 0.9, s["test_accuracy"]  # 3 epochs of crops
     assert max_abs_diff(anytrain.load_model(tmp_path / "w0").state_dict(), anytrain.load_model(tmp_path / "w2").state_dict()) == 0.0
     assert runs[2]["test_accuracy"] == s["test_accuracy"]
     changes = [e for i, e in enumerate(epochs) if i == 0 or e != epochs[i - 1]]
-    assert changes == [0, 1, 2, 3, 4] * 2  # the dataset learns each epoch, so the augmentation changes with it
+    assert changes == [0, 1, 2] * 2  # the dataset learns each epoch, so the augmentation changes with it
 
 
 def test_rgb_images_of_mixed_sizes_are_resized_and_a_parquet_image_column_trains(tmp_path, one_thread):
@@ -104,16 +107,19 @@ def test_an_image_that_cannot_be_decoded_is_named_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.launch
-def test_augmented_images_train_the_same_on_2_ranks_as_on_1(tmp_path, gray):
-    """2 ranks x 32 = 1 rank x 64 only if each rank augments a sample as the single rank did, in every epoch
-    (accelerate tells the dataset the epoch on one rank, not on several: the loop does it)."""
-    # 449 test, 132 validation, 1,216 = 19 x 64 training images: no padded batch; an MLP: no batch-norm statistics per rank
-    common = ["--dataset", str(gray), "--model", "mlp", "--hidden-sizes", "32", "--dropout", "0", "--augment", "crop", "flip",
+def test_the_example_model_on_augmented_images_trains_the_same_on_2_ranks_as_on_1(tmp_path, gray):
+    """examples/own_model.py (a model outside the package) on 1 and 2 ranks. 2 ranks x 32 = 1 rank x 64 only if each
+    rank augments a sample as the single rank did, in every epoch (accelerate tells the dataset the epoch on one
+    rank, not on several: the loop does it)."""
+    # 449 test, 132 validation, 1,216 = 19 x 64 training images: no padded batch; no batch-norm statistics per rank
+    common = ["--dataset", str(gray), "--model", f"{EXAMPLE}:build", "--dropout", "0", "--augment", "crop", "flip",
               "--epochs", "2", "--test-fraction", "0.25", "--val-fraction", "0.0735", "--num-workers", "0"]
     one = launch("cpu.yaml", *common, "--batch-size", "64", "--output-dir", str(tmp_path / "one"))
     two = launch("multi_cpu.yaml", *common, "--batch-size", "32", "--output-dir", str(tmp_path / "two"))
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
-    assert read_summary(tmp_path / "two")["scenario"]["num_processes"] == 2
+    s1, s2 = read_summary(tmp_path / "one"), read_summary(tmp_path / "two")
+    assert s2["scenario"]["num_processes"] == 2 and len(set(s2["weights_sha256_per_rank"])) == 1 and s1["model"] == f"{EXAMPLE}:build"
+    assert s1["test_accuracy"] > 0.8, s1["test_accuracy"]  # 2 epochs of crops and flips (measured 0.93)
     diff = max_abs_diff(anytrain.load_model(tmp_path / "one").state_dict(), anytrain.load_model(tmp_path / "two").state_dict())
     assert diff < 1e-5, diff
 

@@ -23,7 +23,7 @@ def test_default_run_on_cpu_yaml_reaches_98_percent(tmp_path):
 
 
 def test_multi_cpu_yaml_forms_a_real_two_rank_gloo_group(tmp_path):
-    args = ["--epochs", "4", "--max-steps", "30", "--warmup-steps", "5", "--log-every-steps", "1", "--early-stopping-patience", "1", "--early-stopping-min-delta", "100"]
+    args = ["--epochs", "4", "--batch-size", "64", "--max-steps", "30", "--warmup-steps", "5", "--log-every-steps", "1", "--early-stopping-patience", "1", "--early-stopping-min-delta", "100"]
     out = launch("multi_cpu.yaml", *args, "--output-dir", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(tmp_path / "run")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ROOT, launch, max_abs_diff, read_summary
+from conftest import ROOT, max_abs_diff
 from torch import nn
 
 import anytrain
@@ -92,17 +92,4 @@ def test_objects_from_python_train_and_load_back(tmp_path, one_thread):
     with pytest.raises(ConfigError, match="config: unknown option 'epoch'"):
         anytrain.train(epoch=3)
 
-
-@pytest.mark.launch
-def test_the_example_model_trains_the_same_on_1_and_2_ranks(tmp_path):
-    # 1,797 digits: 449 test, 132 validation, 1,216 = 19 x 64 training rows, so no rank gets a padded batch
-    common = ["--model", f"{EXAMPLE}:build", "--epochs", "4", "--dropout", "0", "--test-fraction", "0.25", "--val-fraction", "0.0735"]
-    one = launch("cpu.yaml", *common, "--batch-size", "64", "--output-dir", str(tmp_path / "one"))
-    two = launch("multi_cpu.yaml", *common, "--batch-size", "32", "--output-dir", str(tmp_path / "two"))
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
-    s1, s2 = read_summary(tmp_path / "one"), read_summary(tmp_path / "two")
-    assert s2["scenario"]["num_processes"] == 2 and len(set(s2["weights_sha256_per_rank"])) == 1
-    assert s1["model"] == f"{EXAMPLE}:build" and s1["test_accuracy"] > 0.95  # measured 0.975
-    diff = max_abs_diff(anytrain.load_model(tmp_path / "one").state_dict(), anytrain.load_model(tmp_path / "two").state_dict())
-    assert diff < 1e-5, diff  # 2 x 32 samples per step is the same step as 1 x 64
-    assert abs(s1["test_accuracy"] - s2["test_accuracy"]) <= 1 / 449
+# The example on 1 and 2 ranks (with augmented images): tests/test_images.py
