@@ -40,7 +40,7 @@ def test_multi_cpu_yaml_forms_a_real_two_rank_gloo_group(tmp_path):
     total = summary["optimizer_steps"]
     assert total == 20  # 1259 rows / (64 x 2) = 10 steps per epoch, stopped after epoch 1
     for step in (1, 3, 5, 10, 19):
-        assert lrs[step] == pytest.approx(3e-3 * lr_factor(step, cfg, 30))
+        assert lrs[step] == pytest.approx(cfg.lr * lr_factor(step, cfg, 30))
 
 
 def test_bad_option_under_launch_is_one_line_and_fails(tmp_path):
