@@ -22,6 +22,12 @@ class ConfigError(ValueError):
     """Bad input from the user: reported as one line and exit code 2, before any training."""
 
 
+def first_line(e: BaseException) -> str:
+    """An exception as one line ("Type: first line of its message"), for a ConfigError that names it."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
 @dataclass
 class TrainConfig:
     # --- data ---

@@ -15,18 +15,13 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, first_line
 from .models import REGISTRY
 from .shape import DataShape
 
 
 AUTO = {"tabular": "mlp", "image": "resnet", "text": "gpt"}  # --model auto, by the kind of data
 OBJECT = "object:"  # cfg.model of a run whose model was a Python object (anytrain.train(model=...))
-
-
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 def import_factory(spec: str) -> Callable:
@@ -39,7 +34,7 @@ def import_factory(spec: str) -> Callable:
     try:
         module = _import_file(Path(target).expanduser()) if target.endswith(".py") else _import_module(target)
     except Exception as e:  # noqa: BLE001 - any failure inside the user's module is reported as one line
-        raise ConfigError(f"--model {spec}: cannot import {target} ({_first_line(e)})") from None
+        raise ConfigError(f"--model {spec}: cannot import {target} ({first_line(e)})") from None
     if not hasattr(module, attr):
         raise ConfigError(f"--model {spec}: {target} has no attribute '{attr}'")
     factory = getattr(module, attr)
@@ -84,7 +79,7 @@ def make_model(cfg: TrainConfig, shape: DataShape, given: nn.Module | Callable |
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's factory: one line, not its traceback
-            raise ConfigError(f"{label}: the factory raised {_first_line(e)}") from None
+            raise ConfigError(f"{label}: the factory raised {first_line(e)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{label}: the factory returned {type(model).__name__}, not a torch.nn.Module")
     check_outputs(model, shape, label)
@@ -101,7 +96,7 @@ def check_outputs(model: nn.Module, shape: DataShape, label: str) -> None:
         with torch.no_grad():
             outputs = model(inputs.to(device))
     except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"{label}: the model failed on a batch of inputs of shape {tuple(inputs.shape)}: {_first_line(e)}") from None
+        raise ConfigError(f"{label}: the model failed on a batch of inputs of shape {tuple(inputs.shape)}: {first_line(e)}") from None
     finally:
         model.train(was_training)
     expected = shape.logits_shape(2)

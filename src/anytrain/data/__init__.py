@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, first_line
 from ..shape import DataShape
 
 DIGITS_PATH = Path(__file__).with_name("digits.parquet")
@@ -184,18 +184,13 @@ def _load_raw(name: str, streaming: bool = False):
     except Exception as e:  # datasets/pyarrow raise many kinds for unreadable files
         if "corresponds to no data" in str(e):
             raise ConfigError(f"--dataset: {name} has no rows") from None
-        raise ConfigError(f"--dataset: cannot read {name}: {_first_line(e)}") from None
+        raise ConfigError(f"--dataset: cannot read {name}: {first_line(e)}") from None
     if path.suffix.lower() in FILE_BUILDERS or name.startswith((".", "/", "~")):
         raise ConfigError(f"--dataset: file not found: {name}")
     try:
         return datasets.load_dataset(name, streaming=streaming), f"hub:{name}"
     except Exception as e:
-        raise ConfigError(f"--dataset: '{name}' is not a local file or folder, and loading it from the hub failed: {_first_line(e)}") from None
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
+        raise ConfigError(f"--dataset: '{name}' is not a local file or folder, and loading it from the hub failed: {first_line(e)}") from None
 
 
 def _named_splits(raw) -> dict:

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, first_line
 from ..shape import DataShape
 
 SHAKESPEARE_PATH = Path(__file__).with_name("tinyshakespeare.txt")
@@ -169,7 +169,7 @@ def eval_starts(num_tokens: int, cfg: TrainConfig) -> np.ndarray:
 def _load_text_datasets(cfg: TrainConfig) -> tuple[dict, str]:
     import datasets
 
-    from . import _first_line, _load_raw, _named_splits
+    from . import _load_raw, _named_splits
 
     datasets.disable_progress_bars()
     name = cfg.dataset
@@ -189,7 +189,7 @@ def _load_text_datasets(cfg: TrainConfig) -> tuple[dict, str]:
     except ConfigError:
         raise
     except Exception as e:  # undecodable bytes and other read errors
-        raise ConfigError(f"--dataset: cannot read {name}: {_first_line(e)}") from None
+        raise ConfigError(f"--dataset: cannot read {name}: {first_line(e)}") from None
     if name.lower().endswith(".txt"):
         raise ConfigError(f"--dataset: file not found: {name}")
     raw, source = _load_raw(name)
