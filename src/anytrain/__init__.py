@@ -1,9 +1,15 @@
 """anytrain: one plain PyTorch training loop that runs unchanged wherever `accelerate launch` puts it."""
 
-from .api import train
-from .config import TrainConfig
-from .outputs import load_model
-from .shape import DataShape
+import importlib
 
 __all__ = ["DataShape", "TrainConfig", "load_model", "train"]
 __version__ = "0.1.0"
+_HOMES = {"train": ".api", "TrainConfig": ".config", "load_model": ".outputs", "DataShape": ".shape"}
+
+
+def __getattr__(name: str):
+    """`anytrain.train` and friends, imported on first use: the command line's `--help` and its
+    one-line errors answer without importing torch (2 s here), which only a run needs."""
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name], __name__), name)
+    raise AttributeError(f"module 'anytrain' has no attribute {name!r}")

@@ -35,7 +35,7 @@ CHECKPOINTS = "checkpoints"
 RESUMABLE_CHANGES = {
     "epochs", "max_steps", "output_dir", "progress", "log_every_steps", "eval_every_steps",
     "num_workers", "pin_memory", "persistent_workers", "checkpoint_every_steps", "keep_checkpoints",
-    "resume", "overwrite", "early_stopping_patience", "early_stopping_min_delta", "collective_timeout",
+    "resume", "overwrite", "early_stopping_patience", "early_stopping_min_delta", "collective_timeout", "ddp_bucket_mb",
     "report_to", "run_name", "plot",
 }
 PROGRESS = "progress.json"

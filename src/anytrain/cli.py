@@ -8,8 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .config import ConfigError, exit_on_config_error, is_main_rank, parse_config
-from .scenario import LaunchError
+from .config import ConfigError, LaunchError, exit_on_config_error, is_main_rank, parse_config
 
 
 def main(argv: list[str] | None = None) -> None:

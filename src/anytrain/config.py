@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import sys
+import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,10 @@ import yaml
 
 class ConfigError(ValueError):
     """Bad input from the user: reported as one line and exit code 2, before any training."""
+
+
+class LaunchError(RuntimeError):
+    """The processes did not form the group the launch asked for (scenario.py checks)."""
 
 
 def first_line(e: BaseException) -> str:
@@ -95,6 +100,8 @@ class TrainConfig:
     plot: bool = field(default=True, metadata={"help": "draw the run's curves to curves.png in the run folder at the end (needs matplotlib; skipped without it)"})
     report_to: str = field(default="none", metadata={"help": "also log the metrics to an experiment tracker through accelerate: none, tensorboard, trackio, wandb, mlflow or all (every installed one); metrics.jsonl is always written"})
     run_name: str = field(default="", metadata={"help": "the run's name in the tracker (default: the --output-dir folder's name)"})
+    ddp_bucket_mb: int = field(default=25, metadata={"help": "several processes: gradients are all-reduced in buckets of this many MB while the backward pass goes on (DDP's bucket_cap_mb); the numbers do not change"})
+    ddp_comm_hook: str = field(default="none", metadata={"help": "several processes: 'fp16' or 'bf16' rounds each gradient to 16 bits for the all-reduce (half the bytes; the weights then differ from a 1-process run by that rounding); 'none' all-reduces in fp32. bf16 needs NCCL (GPUs)"})
     collective_timeout: int = field(default=1800, metadata={"help": "seconds a rank waits in a collective (gradient all-reduce, barrier) for the others before the job fails with an error: a hung or stopped rank; long enough for the main process to prepare a large dataset first"})
 
     def __post_init__(self):
@@ -129,6 +136,7 @@ CHOICES = {
     "report_to": ("none", "tensorboard", "trackio", "wandb", "mlflow", "all"),
     "optimizer": ("adamw", "sgd"),
     "schedule": ("constant", "step", "cosine"),
+    "ddp_comm_hook": ("none", "fp16", "bf16"),
 }
 
 
@@ -232,7 +240,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name, kind in _TYPES.items():
         if kind is float and not math.isfinite(getattr(cfg, name)):
             raise ConfigError(f"{_flag(name)} must be a finite number, got {getattr(cfg, name)}")
-    positive = ["collective_timeout", "epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd", "blocks_per_stage"]
+    positive = ["ddp_bucket_mb", "collective_timeout", "epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd", "blocks_per_stage"]
     non_negative = ["max_in_memory_mb", "image_size", "checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
     for name in positive:
         if getattr(cfg, name) <= 0:
@@ -303,6 +311,10 @@ def is_main_rank() -> bool:
 def exit_on_config_error(err: ConfigError) -> typing.NoReturn:
     if is_main_rank():
         print(f"train.py: error: {err}", file=sys.stderr)
+    else:
+        # The other ranks hit the same error. The launcher kills every rank once one exits, so a
+        # rank that got there first would cut the main rank off before it says why: let it speak.
+        time.sleep(3)
     sys.exit(2)
 
 

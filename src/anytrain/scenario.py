@@ -23,19 +23,16 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import (
     DataLoaderConfiguration,
+    DDPCommunicationHookType,
     DistributedDataParallelKwargs,
     DistributedType,
     InitProcessGroupKwargs,
     ProjectConfiguration,
 )
 
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, LaunchError, TrainConfig
 
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb", "mlflow": "mlflow"}
-
-
-class LaunchError(RuntimeError):
-    """The processes did not form the group the launch asked for."""
 
 
 def die_with_launcher() -> None:
@@ -59,6 +56,8 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     # torch.compile comes from the accelerate config (dynamo_config); if the machine cannot compile,
     # run eager rather than fail with a long traceback at the first step (describe() says so).
     eager = {"dynamo_backend": "no"} if compile_problem() else {}
+    if cfg.ddp_comm_hook == "bf16" and not torch.cuda.is_available():
+        raise ConfigError("--ddp-comm-hook bf16: torch's bf16 all-reduce needs NCCL on CUDA GPUs; on CPUs (gloo) use fp16 or none")
     return Accelerator(
         # Experiment trackers, written by the main process; tensorboard logs under <output-dir>/trackers/<run name>.
         log_with=trackers(cfg),
@@ -74,11 +73,21 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
         # instead of hanging it; long enough for the main process to prepare a big dataset first.
         kwargs_handlers=[
             InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=cfg.collective_timeout)),
-            # DDP's gradients become views into its all-reduce buckets: one copy fewer per step, and
-            # one gradient-sized buffer less memory. The numbers are unchanged.
-            DistributedDataParallelKwargs(gradient_as_bucket_view=True),
+            ddp_kwargs(cfg),
         ],
         **eager,
+    )
+
+
+def ddp_kwargs(cfg: TrainConfig) -> DistributedDataParallelKwargs:
+    """How DDP all-reduces gradients (docs/benchmarks.md, "DDP options", has what each setting buys)."""
+    hooks = {"none": DDPCommunicationHookType.NO, "fp16": DDPCommunicationHookType.FP16, "bf16": DDPCommunicationHookType.BF16}
+    return DistributedDataParallelKwargs(
+        # The gradients become views into DDP's all-reduce buckets: one copy fewer per step, and one
+        # gradient-sized buffer less memory. The numbers are unchanged.
+        gradient_as_bucket_view=True,
+        bucket_cap_mb=cfg.ddp_bucket_mb,
+        comm_hook=hooks[cfg.ddp_comm_hook],  # opt-in: 16-bit gradients on the wire change the numbers
     )
 
 
@@ -202,6 +211,8 @@ def describe(accelerator: Accelerator) -> dict:
             "`accelerate launch --config_file accelerate_configs/multi_cpu.yaml`"
         )
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else None
+    handler = getattr(accelerator, "ddp_handler", None)
+    hook = handler.comm_hook.value.lower() if handler is not None and accelerator.num_processes > 1 else "no"
     return {
         "distributed_type": str(state.distributed_type).split(".")[-1],
         "backend": backend,
@@ -212,6 +223,7 @@ def describe(accelerator: Accelerator) -> dict:
         "mixed_precision": precision,
         "cpu_threads_per_process": torch.get_num_threads(),
         "compile": compiled,
+        "gradient_all_reduce": None if backend is None else "fp32" if hook == "no" else hook,
         "torch": torch.__version__,
         "warnings": warnings,
     }
@@ -223,5 +235,6 @@ def format_scenario(s: dict) -> str:
         f"anytrain: {group}, {s['num_processes']} process(es), device {s['device']} ({s['device_name']}), "
         f"precision {s['mixed_precision']}, {s['cpu_threads_per_process']} CPU thread(s) per process"
         + (f", torch.compile ({s['compile']})" if s.get("compile") else "")
+        + (f", gradients all-reduced in {s['gradient_all_reduce']}" if s.get("gradient_all_reduce") not in (None, "fp32") else "")
     )
     return "\n".join([line] + [f"anytrain: WARNING: {w}" for w in s["warnings"]])

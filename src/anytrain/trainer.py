@@ -296,11 +296,12 @@ class Loop:
         self.improved_at = -1  # step of the last validation that improved the best loss
         self.skipped_steps = 0
         self.epoch = self.progress.epoch
-        self.train_seconds = 0.0
+        self.train_seconds = self.loop_seconds = 0.0
         self.stopped_early = self.stop_signal = self.validated = self.epoch_ran_out = False
 
     def run(self) -> None:
         cfg, progress = self.cfg, self.progress
+        loop_start = time.perf_counter()
         for epoch in range(progress.epoch, cfg.epochs if progress.step < self.parts.total_steps else 0):
             self.epoch = progress.epoch = epoch
             self.train_epoch(epoch)
@@ -310,6 +311,7 @@ class Loop:
                 break
         self.speed.take_window()
         self.train_seconds = self.speed.train_seconds()
+        self.loop_seconds = time.perf_counter() - loop_start  # validations and checkpoints included
         self.bar.close()
 
     def train_epoch(self, epoch: int) -> None:
@@ -470,6 +472,7 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, scenario: dict, started: 
         **task.rates(*loop.speed.total, train_seconds),
         "first_step_s": loop.speed.first_step_s,
         "train_seconds": train_seconds,
+        "loop_seconds": loop.loop_seconds,
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
         "wall_time_s": time.perf_counter() - started,

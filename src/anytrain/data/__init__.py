@@ -10,6 +10,7 @@ decoded per batch instead (images.py).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,11 +76,11 @@ class DataSplits:
     input_columns: list[str] | None = None  # the feature columns, in the order they were concatenated
     stats: tuple[torch.Tensor, torch.Tensor] | None = None  # (mean, std) when the rows stay in Arrow (arrow.py)
 
-    @property
-    def feature_mean(self) -> torch.Tensor:
+    @functools.cached_property
+    def feature_mean(self) -> torch.Tensor:  # cached: shape() is asked for more than once, the statistics once
         return self.stats[0] if self.stats else self.train.inputs.mean(0)
 
-    @property
+    @functools.cached_property
     def feature_std(self) -> torch.Tensor:
         if self.stats:
             return self.stats[1]

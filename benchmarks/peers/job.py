@@ -1,0 +1,111 @@
+"""The job every trainer in the peers benchmark runs: the same data, model, optimizer and schedule.
+
+MLP 784-1024-1024-10 (first layer: standardise with the training split's mean/std, as anytrain's
+tabular models do), batch 256, AdamW (lr 1e-3, weight decay 0.1 on weight matrices only, the fused
+CPU kernel everywhere), constant LR without warm-up, gradient norm clipped to 1.0, no dropout, fp32,
+16,000 training rows x 5 epochs, a validation pass (loss and accuracy, 4,000 rows) after every
+epoch, a test pass (4,000 rows) at the end, the training loss logged every 10 steps.
+
+The data are Gaussian clusters written once as parquet files (train/validation/test), which each
+trainer reads the way its users would: anytrain with `--dataset <folder>`, the HF Trainer through
+`datasets.load_dataset`, the plain loop and Lightning straight from pyarrow into tensors.
+
+This file imports only torch, numpy and pyarrow: the peers' scripts do not depend on anytrain.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+T0 = time.perf_counter()  # the importing script's start, near enough (this is its first import)
+
+FEATURES, HIDDEN, CLASSES = 784, (1024, 1024), 10
+ROWS = {"train": 16000, "validation": 4000, "test": 4000}
+BATCH, EPOCHS, LR, WEIGHT_DECAY, MAX_GRAD_NORM, LOG_EVERY, SEED = 256, 5, 1e-3, 0.1, 1.0, 10, 42
+
+# The same job as anytrain options (src/train.py), for the anytrain side of the benchmark.
+ANYTRAIN_OPTIONS = [
+    "--hidden-sizes", *map(str, HIDDEN), "--dropout", "0", "--batch-size", str(BATCH), "--epochs", str(EPOCHS),
+    "--lr", str(LR), "--weight-decay", str(WEIGHT_DECAY), "--max-grad-norm", str(MAX_GRAD_NORM), "--schedule", "constant",
+    "--warmup-steps", "0", "--log-every-steps", str(LOG_EVERY), "--seed", str(SEED), "--num-classes", str(CLASSES),
+]
+
+
+def write_data(folder: Path) -> Path:
+    """train/validation/test.parquet: a 784-float 'features' list column and an int 'label'."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(SEED)
+    centres = 0.15 * rng.standard_normal((CLASSES, FEATURES)).astype(np.float32)  # overlapping clusters: not solved in one epoch
+    for split, rows in ROWS.items():
+        path = folder / f"{split}.parquet"
+        if path.exists():
+            continue
+        labels = rng.integers(0, CLASSES, rows)
+        features = centres[labels] + 1.5 * rng.standard_normal((rows, FEATURES)).astype(np.float32)
+        column = pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), FEATURES)
+        pq.write_table(pa.table({"features": column, "label": pa.array(labels, pa.int64())}), path)
+    return folder
+
+
+def read_split(folder: Path, split: str):
+    """(features float32 [rows, 784], labels int64) tensors of one split, read with pyarrow."""
+    import pyarrow.parquet as pq
+    import torch
+
+    table = pq.read_table(folder / f"{split}.parquet")
+    features = table["features"].combine_chunks().flatten().to_numpy().reshape(len(table), FEATURES)
+    return torch.from_numpy(features.copy()), torch.from_numpy(table["label"].to_numpy().copy())
+
+
+def build_model(mean, std):
+    """Standardise, then Linear/ReLU layers: the module anytrain's --model mlp builds for this job."""
+    import torch
+    from torch import nn
+
+    class Standardize(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mean", mean.clone())
+            self.register_buffer("std", std.clone())
+
+        def forward(self, x):
+            return (x - self.mean) / self.std
+
+    torch.manual_seed(SEED)
+    layers, width = [Standardize()], FEATURES
+    for hidden in HIDDEN:
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    return nn.Sequential(*layers, nn.Linear(width, CLASSES))
+
+
+def feature_stats(features):
+    """The training split's per-feature mean and std (a constant feature keeps std 1, as in anytrain)."""
+    import torch
+
+    std = features.std(0)
+    return features.mean(0), torch.where(std > 0, std, torch.ones_like(std))
+
+
+def param_groups(model):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": rest, "weight_decay": 0.0}]
+
+
+def optimizer(model):
+    import torch
+
+    return torch.optim.AdamW(param_groups(model), lr=LR, fused=True)
+
+
+def write_result(path: str, **figures) -> None:
+    """What each script reports as JSON: loop_s (the epochs: training, validations, checkpoints),
+    process_to_loop_s (this process's start to the loop), the validation and test accuracy reached."""
+    Path(path).write_text(json.dumps({"process_to_loop_s": figures.pop("loop_start") - T0, **figures}))

@@ -1,0 +1,74 @@
+"""The job through PyTorch Lightning, written as its docs show: a LightningModule, DataLoaders over
+TensorDatasets, `Trainer.fit` (its defaults: a checkpoint at every epoch end, the TensorBoard or CSV
+logger), then `Trainer.test`.
+
+    python benchmarks/peers/lightning_job.py --data DIR --json OUT     (pip install -e ".[peers]")
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import job  # first: it notes the process's start
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Classifier(L.LightningModule):
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        loss = nn.functional.cross_entropy(self.net(inputs), targets)
+        self.log("train_loss", loss)
+        return loss
+
+    def _evaluate(self, batch, split):
+        inputs, targets = batch
+        logits = self.net(inputs)
+        self.log(f"{split}_loss", nn.functional.cross_entropy(logits, targets))
+        self.log(f"{split}_accuracy", (logits.argmax(1) == targets).float().mean())
+
+    def validation_step(self, batch, batch_idx):
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._evaluate(batch, "test")
+
+    def configure_optimizers(self):
+        return job.optimizer(self.net)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--json", required=True)
+    p.add_argument("--out", required=True, help="Lightning's default_root_dir (checkpoints, logs)")
+    args = p.parse_args()
+    torch.set_flush_denormal(True)
+    (x, y), (vx, vy), (tx, ty) = (job.read_split(job.Path(args.data), s) for s in ("train", "validation", "test"))
+    L.seed_everything(job.SEED, verbose=False)
+    model = Classifier(job.build_model(*job.feature_stats(x)))
+    train = DataLoader(TensorDataset(x, y), batch_size=job.BATCH, shuffle=True)
+    val = DataLoader(TensorDataset(vx, vy), batch_size=job.BATCH)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=job.EPOCHS, gradient_clip_val=job.MAX_GRAD_NORM,
+        log_every_n_steps=job.LOG_EVERY, num_sanity_val_steps=0, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=args.out,
+    )
+    loop_start = time.perf_counter()
+    trainer.fit(model, train, val)
+    loop_s = time.perf_counter() - loop_start
+    val_acc = trainer.callback_metrics["val_accuracy"].item()
+    test = trainer.test(model, DataLoader(TensorDataset(tx, ty), batch_size=job.BATCH), verbose=False)[0]
+    job.write_result(args.json, loop_start=loop_start, loop_s=loop_s, steps=trainer.global_step, val_accuracy=val_acc, test_accuracy=test["test_accuracy"])
+
+
+if __name__ == "__main__":
+    main()
