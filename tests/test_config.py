@@ -57,10 +57,24 @@ def test_help_lists_every_option_with_its_default():
         (["--lr", "inf"], "--lr must be a finite number, got inf"),
         (["--lr", "nan"], "--lr must be a finite number, got nan"),
         (["--weight-decay=-inf"], "--weight-decay must be a finite number"),
+        (["--ddp-bucket-mb", "0"], "--ddp-bucket-mb must be positive"),
+        (["--ddp-comm-hook", "int8"], "argument --ddp-comm-hook: invalid choice"),
     ],
 )
 def test_bad_flags_get_one_line_and_exit_2(capsys, argv, expected):
     assert expected in run_cli_error(capsys, argv)
+
+
+def test_help_and_bad_flags_answer_without_importing_torch():
+    """The package imports torch only for a run: `--help` and a one-line error come back at once."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom anytrain.cli import main\ntry:\n    main(['--lr', '0'])\nexcept SystemExit as e:\n"
+            "    print('exit', e.code, 'torch imported:', 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "--lr must be positive" in out.stderr
+    assert out.stdout.strip() == "exit 2 torch imported: False"
 
 
 @pytest.mark.parametrize(

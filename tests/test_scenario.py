@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from anytrain import TrainConfig
+from anytrain.config import ConfigError
 from anytrain.scenario import LaunchError, describe, format_scenario, make_accelerator
 
 
@@ -48,3 +49,10 @@ def test_fsdp_config_without_gpus_says_it_runs_plain_data_parallel(monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` sets for fsdp.yaml
     scenario = describe(make_accelerator(TrainConfig()))
     assert any("FSDP was requested but runs only on GPUs" in w for w in scenario["warnings"])
+
+
+def test_a_bf16_all_reduce_on_cpus_is_one_clear_error_and_one_process_has_no_all_reduce():
+    with pytest.raises(ConfigError, match=r"--ddp-comm-hook bf16: .*NCCL.*on CPUs \(gloo\) use fp16 or none"):
+        make_accelerator(TrainConfig(ddp_comm_hook="bf16"))
+    scenario = describe(make_accelerator(TrainConfig(ddp_comm_hook="fp16")))  # a no-op without DDP
+    assert scenario["gradient_all_reduce"] is None and "all-reduced" not in format_scenario(scenario)
