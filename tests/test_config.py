@@ -57,7 +57,7 @@ def test_help_lists_every_option_with_its_default():
         (["--lr", "inf"], "--lr must be a finite number, got inf"),
         (["--lr", "nan"], "--lr must be a finite number, got nan"),
         (["--weight-decay=-inf"], "--weight-decay must be a finite number"),
-        (["--ddp-bucket-mb", "0"], "--ddp-bucket-mb must be positive"),
+        (["--ddp-bucket-mb=-5"], "--ddp-bucket-mb must not be negative"),
         (["--ddp-comm-hook", "int8"], "argument --ddp-comm-hook: invalid choice"),
     ],
 )

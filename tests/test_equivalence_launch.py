@@ -211,12 +211,13 @@ def test_two_ranks_with_accumulation_equal_one_rank_adamw(tmp_path, one_rank):
     """2 ranks x 2 accumulated x 8 == 1 rank x 32, AdamW: data parallelism and accumulation together.
     Each optimizer step sees the same 32 rows (rank r's k-th micro-batch is rows 16k+8r .. 16k+8r+7)."""
     run_dir = tmp_path / "run"
-    # Also with small all-reduce buckets (1 MB; 25 is the default): bucketing changes when, not what, is summed.
+    # Also with small all-reduce buckets (1 MB; 5 is the CPU default): bucketing changes when, not what, is summed.
     out = launch("multi_cpu.yaml", *flags(ADAMW), "--batch-size", "8", "--grad-accum-steps", "2", "--ddp-bucket-mb", "1", "--output-dir", str(run_dir))
     assert_finished(out.returncode, out.stdout + out.stderr)
     summary = read_summary(run_dir)
     assert summary["scenario"]["num_processes"] == 2 and summary["weights_sha256_per_rank"][0] == summary["weights_sha256_per_rank"][1]
     assert summary["scenario"]["gradient_all_reduce"] == "fp32" and "all-reduced in" not in out.stdout
+    assert summary["scenario"]["ddp_bucket_mb"] == 1
     reference, reference_dir = one_rank["adamw"]
     assert summary["optimizer_steps"] == reference["optimizer_steps"] == 48
     assert max_abs_diff(weights(run_dir), weights(reference_dir)) <= WEIGHT_TOL

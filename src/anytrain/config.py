@@ -100,7 +100,7 @@ class TrainConfig:
     plot: bool = field(default=True, metadata={"help": "draw the run's curves to curves.png in the run folder at the end (needs matplotlib; skipped without it)"})
     report_to: str = field(default="none", metadata={"help": "also log the metrics to an experiment tracker through accelerate: none, tensorboard, trackio, wandb, mlflow or all (every installed one); metrics.jsonl is always written"})
     run_name: str = field(default="", metadata={"help": "the run's name in the tracker (default: the --output-dir folder's name)"})
-    ddp_bucket_mb: int = field(default=25, metadata={"help": "several processes: gradients are all-reduced in buckets of this many MB while the backward pass goes on (DDP's bucket_cap_mb); the numbers do not change"})
+    ddp_bucket_mb: int = field(default=0, metadata={"help": "several processes: gradients are all-reduced in buckets of this many MB while the backward pass goes on (DDP's bucket_cap_mb); the numbers do not change. 0 = auto: 5 on CPUs (gloo; 1.33x the samples/s of 25 in docs/benchmarks.md), torch's 25 on GPUs"})
     ddp_comm_hook: str = field(default="none", metadata={"help": "several processes: 'fp16' or 'bf16' rounds each gradient to 16 bits for the all-reduce (half the bytes; the weights then differ from a 1-process run by that rounding); 'none' all-reduces in fp32. bf16 needs NCCL (GPUs)"})
     collective_timeout: int = field(default=1800, metadata={"help": "seconds a rank waits in a collective (gradient all-reduce, barrier) for the others before the job fails with an error: a hung or stopped rank; long enough for the main process to prepare a large dataset first"})
 
@@ -240,8 +240,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name, kind in _TYPES.items():
         if kind is float and not math.isfinite(getattr(cfg, name)):
             raise ConfigError(f"{_flag(name)} must be a finite number, got {getattr(cfg, name)}")
-    positive = ["ddp_bucket_mb", "collective_timeout", "epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd", "blocks_per_stage"]
-    non_negative = ["max_in_memory_mb", "image_size", "checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
+    positive = ["collective_timeout", "epochs", "batch_size", "grad_accum_steps", "log_every_steps", "synthetic_samples", "synthetic_features", "step_size", "block_size", "n_layer", "n_head", "n_embd", "blocks_per_stage"]
+    non_negative = ["ddp_bucket_mb", "max_in_memory_mb", "image_size", "checkpoint_every_steps", "keep_checkpoints", "max_steps", "warmup_steps", "eval_every_steps", "early_stopping_patience", "num_classes", "max_grad_norm", "weight_decay", "momentum", "dropout", "early_stopping_min_delta", "eval_windows", "min_lr"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{_flag(name)} must be positive, got {getattr(cfg, name)}")
