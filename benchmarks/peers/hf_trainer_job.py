@@ -7,7 +7,6 @@ TrainingArguments with an evaluation and a checkpoint at every epoch end, then `
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import job  # first: it notes the process's start
@@ -35,14 +34,10 @@ def accuracy(prediction) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
-    p.add_argument("--json", required=True)
-    p.add_argument("--out", required=True, help="the Trainer's output_dir (checkpoints)")
-    args = p.parse_args()
+    args = job.arguments(out_help="the Trainer's output_dir (checkpoints)")
     torch.set_flush_denormal(True)
     datasets.disable_progress_bars()
-    files = {s: str(job.Path(args.data) / f"{s}.parquet") for s in job.ROWS}
+    files = {s: str(args.data / f"{s}.parquet") for s in job.ROWS}
     data = datasets.load_dataset("parquet", data_files=files).rename_column("label", "labels").with_format("torch")
     features = data["train"][:]["features"]  # the whole column as one tensor
     model = Classifier(job.build_model(*job.feature_stats(features)))

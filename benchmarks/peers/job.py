@@ -33,6 +33,19 @@ ANYTRAIN_OPTIONS = [
 ]
 
 
+def arguments(out_help: str | None = None):
+    """Every peer script's options: --data (the parquet folder), --json (its figures), and --out
+    (its own run folder) when out_help says what goes there."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True, type=Path)
+    p.add_argument("--json", required=True)
+    if out_help:
+        p.add_argument("--out", required=True, help=out_help)
+    return p.parse_args()
+
+
 def write_data(folder: Path) -> Path:
     """train/validation/test.parquet: a 784-float 'features' list column and an int 'label'."""
     import numpy as np

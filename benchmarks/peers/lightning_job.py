@@ -7,7 +7,6 @@ logger), then `Trainer.test`.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import job  # first: it notes the process's start
@@ -46,13 +45,9 @@ class Classifier(L.LightningModule):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
-    p.add_argument("--json", required=True)
-    p.add_argument("--out", required=True, help="Lightning's default_root_dir (checkpoints, logs)")
-    args = p.parse_args()
+    args = job.arguments(out_help="Lightning's default_root_dir (checkpoints, logs)")
     torch.set_flush_denormal(True)
-    (x, y), (vx, vy), (tx, ty) = (job.read_split(job.Path(args.data), s) for s in ("train", "validation", "test"))
+    (x, y), (vx, vy), (tx, ty) = (job.read_split(args.data, s) for s in ("train", "validation", "test"))
     L.seed_everything(job.SEED, verbose=False)
     model = Classifier(job.build_model(*job.feature_stats(x)))
     train = DataLoader(TensorDataset(x, y), batch_size=job.BATCH, shuffle=True)

@@ -6,7 +6,6 @@ checkpoints (nothing to resume from: the limit a trainer is measured against).
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import job  # first: it notes the process's start
@@ -28,12 +27,9 @@ def evaluate(model, x, y):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
-    p.add_argument("--json", required=True)
-    args = p.parse_args()
+    args = job.arguments()
     torch.set_flush_denormal(True)  # as anytrain does on CPU: same arithmetic
-    (x, y), (vx, vy), (tx, ty) = (job.read_split(job.Path(args.data), s) for s in ("train", "validation", "test"))
+    (x, y), (vx, vy), (tx, ty) = (job.read_split(args.data, s) for s in ("train", "validation", "test"))
     model = job.build_model(*job.feature_stats(x))
     optimizer = job.optimizer(model)
     criterion = nn.CrossEntropyLoss()
