@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install train test bench clean
+.PHONY: install train lint test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,12 @@ install: $(VENV)/.installed
 train: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/accelerate launch --config_file accelerate_configs/cpu.yaml src/train.py $(ARGS)
 
-test: install
+# Style first (CI runs this target): ruff, pinned in the test extra, with pyproject.toml's rules.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Benchmark (docs/benchmarks.md): interleaved runs, figures in bench_out/ (JSON, PNG, log), and the

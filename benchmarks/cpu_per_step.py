@@ -1,4 +1,4 @@
-"""CPU time per training step, trainer against plain loop: the overhead figure that other work on the machine cannot blur.
+"""CPU time per training step, trainer against plain loop: the overhead figure other work on the machine cannot blur.
 
 Wall-clock throughput on a shared machine swings by 10x and more between identical runs (see
 docs/benchmarks.md). CPU time charged to a single-threaded process hardly moves: it counts the
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -23,39 +22,34 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-LARGE = ["--dataset", "synthetic", "--synthetic-samples", "21942", "--synthetic-features", "784", "--hidden-sizes", "1024", "1024",
-         "--dropout", "0", "--batch-size", "256"]
+import toolkit
+
 # options, S1, S2. Digits: 20 more epochs, so their validation and checkpoint count (they are part of
 # the default job's per-step cost). Large: both inside the first 60-step epoch, whose single validation
 # and checkpoint both runs pay: pure per-step cost.
-WORKLOADS = {"default": ([], 100, 500), "large": (LARGE, 10, 55)}
+WORKLOADS = {"default": ([], 100, 500), "large": ([*toolkit.LARGE, "--batch-size", "256"], 10, 55)}
 
 
 def child(kind: str, steps: int, options: list[str]) -> None:
-    sys.path.insert(0, str(ROOT / "src"))
     with tempfile.TemporaryDirectory() as tmp:
         if kind == "trainer":
-            from anytrain.config import parse_config
-            from anytrain.trainer import train
-
-            cfg = parse_config(["--no-progress", "--output-dir", str(Path(tmp) / "run"), "--max-steps", str(steps), *options])
+            train = toolkit.trainer_job(
+                ["--no-progress", "--output-dir", str(Path(tmp) / "run"), "--max-steps", str(steps), *options]
+            )
             start = time.process_time()
-            train(cfg)
+            train()
         else:
-            sys.path.insert(0, str(ROOT / "benchmarks"))
             import plain_loop
-            from bench import PLAIN_FLUSH_DENORMAL
+            from bench import FTZ
 
             start = time.process_time()
-            ftz = ["--flush-denormal"] if PLAIN_FLUSH_DENORMAL else []
-            plain_loop.main(["--json", str(Path(tmp) / "plain.json"), *ftz, "--max-steps", str(steps), *options])
+            plain_loop.main(["--json", str(Path(tmp) / "plain.json"), *FTZ, "--max-steps", str(steps), *options])
         print("CPU_SECONDS", time.process_time() - start)
 
 
 def measure(kind: str, steps: int, options: list[str]) -> float:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    out = subprocess.run([sys.executable, __file__, "--child", kind, str(steps), *options], env=env, capture_output=True, text=True, timeout=600, check=False)
+    cmd = [sys.executable, __file__, "--child", kind, str(steps), *options]
+    out = subprocess.run(cmd, env=toolkit.run_env(1), capture_output=True, text=True, timeout=600, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("CPU_SECONDS")]
     if out.returncode or not lines:
         raise RuntimeError(f"{kind} {steps} steps failed: {out.stderr[-500:]}")
@@ -76,13 +70,14 @@ def main(argv=None) -> None:
         options, s1, s2 = WORKLOADS[w]
         per = {"trainer": [], "plain": []}
         for r in range(args.rounds):
-            for kind in (("trainer", "plain") if r % 2 == 0 else ("plain", "trainer")):
+            for kind in toolkit.rotated(["trainer", "plain"], r):
                 cpu = {s: measure(kind, s, options) for s in (s1, s2)}
                 per[kind].append((cpu[s2] - cpu[s1]) / (s2 - s1))
         t, pl = statistics.median(per["trainer"]), statistics.median(per["plain"])
-        result[w] = {"trainer_ms": 1000 * t, "plain_ms": 1000 * pl, "ratio": pl / t, "steps": [s1, s2],
-                     "trainer_ms_runs": [1000 * v for v in per["trainer"]], "plain_ms_runs": [1000 * v for v in per["plain"]]}
-        print(f"{w:8s} CPU per step: trainer {1000 * t:.3f} ms, plain loop {1000 * pl:.3f} ms, plain/trainer {100 * pl / t:.1f} %", flush=True)
+        result[w] = {"trainer_ms": 1000 * t, "plain_ms": 1000 * pl, "ratio": pl / t, "steps": [s1, s2]}
+        result[w].update({f"{k}_ms_runs": [1000 * v for v in per[k]] for k in ("trainer", "plain")})
+        ms = f"trainer {1000 * t:.3f} ms, plain loop {1000 * pl:.3f} ms"
+        print(f"{w:8s} CPU per step: {ms}, plain/trainer {100 * pl / t:.1f} %", flush=True)
     Path(args.json).write_text(json.dumps(result, indent=1))
 
 

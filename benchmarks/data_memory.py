@@ -16,13 +16,13 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import toolkit
 
 FEATURES = 256
 
@@ -36,7 +36,8 @@ def write_table(path: Path, rows: int, seed: int = 0) -> None:
         n = min(100_000, rows - start)
         labels = rng.integers(0, 10, size=n)
         x = centres[labels] + 2.0 * rng.normal(size=(n, FEATURES)).astype(np.float32)
-        table = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES).cast(pa.list_(pa.float32())), "label": labels})
+        column = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES).cast(pa.list_(pa.float32()))
+        table = pa.table({"x": column, "label": labels})
         writer = writer or pq.ParquetWriter(path, table.schema)
         writer.write_table(table)
     writer.close()
@@ -55,7 +56,8 @@ def rss(pid: int) -> tuple[int, int]:
 
 def peak_of(command: list[str]) -> tuple[int, int, float, str]:
     """Run a Python command line, sampling its memory: (peak RssAnon, peak RssFile, seconds, stderr)."""
-    proc = subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen([toolkit.PY, *command], env=toolkit.run_env(), **pipes)
     peak_anon = peak_file = 0
     started = time.perf_counter()
     while proc.poll() is None:
@@ -76,13 +78,16 @@ def convert(table: Path) -> dict:
 
 
 def measured_run(table: Path, out: Path, extra: list[str]) -> dict:
-    cmd = ["train", "--dataset", str(table), "--hidden-sizes", "64", "--batch-size", "1024",
-           "--epochs", "1", "--no-progress", "--no-plot", "--overwrite", "--output-dir", str(out), *extra]
-    peak_anon, peak_file, seconds, _ = peak_of(["-c", "import sys; from anytrain.cli import main; main(sys.argv[1:])", *cmd])
-    summary = json.loads((out / "summary.json").read_text())
-    return {"peak_rss_anon_mb": peak_anon / 2**20, "peak_rss_file_mb": peak_file / 2**20, "wall_s": seconds,
-            "data_path": summary["data_path"], "test_accuracy": summary["test_accuracy"], "samples_per_s": summary["samples_per_s"],
-            "peak_rss_reported_mb": summary["peak_memory_bytes"] / 2**20}
+    """One epoch of `anytrain train` (its CLI, in a fresh process) on the table, its peak memory sampled."""
+    options = "--hidden-sizes 64 --batch-size 1024 --epochs 1 --no-progress --no-plot --overwrite".split()
+    cli = "import sys; from anytrain.cli import main; main(sys.argv[1:])"
+    anon, file, seconds, _ = peak_of(
+        ["-c", cli, "train", "--dataset", str(table), *options, "--output-dir", str(out), *extra]
+    )
+    s = json.loads((out / "summary.json").read_text())
+    figures = {"peak_rss_anon_mb": anon / 2**20, "peak_rss_file_mb": file / 2**20, "wall_s": seconds}
+    figures.update(data_path=s["data_path"], test_accuracy=s["test_accuracy"], samples_per_s=s["samples_per_s"])
+    return {**figures, "peak_rss_reported_mb": s["peak_memory_bytes"] / 2**20}
 
 
 def main(argv=None) -> None:
@@ -99,18 +104,18 @@ def main(argv=None) -> None:
         if not path.exists():
             write_table(path, rows)
         c = convert(path)
-        print(f"{name:4s} {rows:>9,} rows: parquet -> Arrow cache (datasets, once): peak RssAnon {c['peak_rss_anon_mb']:7.0f} MB, {c['wall_s']:5.1f} s", flush=True)
-    runs = [("1x", "in-memory", []), ("1x", "arrow", ["--max-in-memory-mb", "0"]), ("10x", "arrow", ["--max-in-memory-mb", "0"]),
-            ("10x", "in-memory", ["--max-in-memory-mb", "100000"])]
-    results = []
-    for size, path_kind, extra in runs:
-        row = {"size": size, "rows": sizes[size], "features_mb": sizes[size] * FEATURES * 4 / 2**20, "path": path_kind,
-               **measured_run(work / f"table_{size}.parquet", work / f"run_{size}_{path_kind}", extra)}
+        what = f"parquet -> Arrow cache (datasets, once): peak RssAnon {c['peak_rss_anon_mb']:7.0f} MB"
+        print(f"{name:4s} {rows:>9,} rows: {what}, {c['wall_s']:5.1f} s", flush=True)
+    arrow, results = ["--max-in-memory-mb", "0"], []
+    runs = [("1x", "in-memory", []), ("1x", "arrow", arrow), ("10x", "arrow", arrow)]
+    for size, kind, extra in [*runs, ("10x", "in-memory", ["--max-in-memory-mb", "100000"])]:
+        row = {"size": size, "rows": sizes[size], "features_mb": sizes[size] * FEATURES * 4 / 2**20, "path": kind}
+        row.update(measured_run(work / f"table_{size}.parquet", work / f"run_{size}_{kind}", extra))
         results.append(row)
-        print(f"{size:4s} {sizes[size]:>9,} rows ({row['features_mb']:7.0f} MB of features), {path_kind:9s}: peak RssAnon {row['peak_rss_anon_mb']:7.0f} MB, "
-              f"peak RssFile {row['peak_rss_file_mb']:7.0f} MB, {row['samples_per_s']:9.0f} samples/s, wall {row['wall_s']:5.1f} s", flush=True)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"rows": results, "cpu_count": os.cpu_count()}, indent=1))
+        peaks = f"peak RssAnon {row['peak_rss_anon_mb']:7.0f} MB, peak RssFile {row['peak_rss_file_mb']:7.0f} MB"
+        what = f"{sizes[size]:>9,} rows ({row['features_mb']:7.0f} MB of features), {kind:9s}: {peaks}"
+        print(f"{size:4s} {what}, {row['samples_per_s']:9.0f} samples/s, wall {row['wall_s']:5.1f} s", flush=True)
+    toolkit.write_json(args.json, {"rows": results, "cpu_count": os.cpu_count()})
 
 
 if __name__ == "__main__":

@@ -12,39 +12,56 @@ step; the time spent in `iter()`/`next()` of the loader is the time waiting for 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
+import os
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
+import numpy as np
+import toolkit
 import torch
 from torch import nn
 
-from anytrain.config import parse_config
-from anytrain.data import load_splits, make_loader
-from anytrain.optim import build_optimizer
-from anytrain.scenario import make_accelerator
-from anytrain.usermodel import make_model
+IMAGES = Path("bench_out") / "images" / "digits32_rgb"  # written on first use (write_digit_images)
 
-IMAGES = Path("bench_out") / "images" / "digits32_rgb"  # written on first use (tests/imagedata.py)
-
-DATASETS = {
-    # name: (trainer options, timed steps per setting and round)
+SYNTHETIC = "--dataset synthetic --synthetic-samples 100000 --synthetic-features 784 --hidden-sizes 1024 1024"
+DATASETS = {  # name: (trainer options, timed steps per setting and round)
     "digits (bundled), MLP 64-256-256-10, batch 64": (["--dataset", "digits"], 60),
-    "synthetic 100k x 784, MLP 784-1024-1024-10, batch 256": (
-        ["--dataset", "synthetic", "--synthetic-samples", "100000", "--synthetic-features", "784",
-         "--hidden-sizes", "1024", "1024", "--dropout", "0", "--batch-size", "256"], 30),
+    "synthetic 100k x 784, MLP 784-1024-1024-10, batch 256": (f"{SYNTHETIC} --dropout 0 --batch-size 256".split(), 30),
     # decoding PNGs, cropping and flipping them is the case where loader workers pay off
     "digits as 32x32 RGB PNGs (imagefolder), ResNet 16-32, crop+flip, batch 64": (
-        ["--dataset", str(IMAGES), "--model", "resnet", "--channels", "16", "32", "--blocks-per-stage", "1"], 30),
+        ["--dataset", str(IMAGES), *"--model resnet --channels 16 32 --blocks-per-stage 1".split()],
+        30,
+    ),
 }
 # (num_workers, pin_memory, persistent_workers); the first is the trainer's default.
-SETTINGS = [(0, False, False), (0, True, False), (1, False, False), (1, False, True), (2, False, False), (2, True, False), (2, False, True)]
+SETTINGS = [
+    (0, False, False),
+    (0, True, False),
+    (1, False, False),
+    (1, False, True),
+    (2, False, False),
+    (2, True, False),
+    (2, False, True),
+]
+
+
+def write_digit_images(folder: Path, size: int = 32, seed: int = 0) -> None:
+    """folder/<label>/<i>.png: the bundled digits (0..16) scaled to 0..255, resized to size x size, each
+    given a random RGB tint (the images the tests draw, tests/imagedata.py)."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    table = pq.read_table(toolkit.ROOT / "src" / "anytrain" / "data" / "digits.parquet")
+    pixels = table["pixels"].combine_chunks().flatten().to_numpy().reshape(len(table), 8, 8)
+    rng = np.random.default_rng(seed)
+    for i, (digit, label) in enumerate(zip(pixels, table["label"].to_pylist())):
+        gray = (digit.astype(np.float64) * (255 / 16)).round().astype(np.uint8)
+        image = np.asarray(Image.fromarray(gray, "L").resize((size, size), Image.Resampling.BILINEAR))
+        path = folder / str(label) / f"{i:04d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray((image[..., None] * rng.uniform(0.3, 1.0, size=3)).round().astype(np.uint8), "RGB").save(path)
 
 
 def label(setting) -> str:
@@ -52,41 +69,70 @@ def label(setting) -> str:
     return f"workers={workers}" + (", pin_memory" if pin else "") + (", persistent" if persistent else "")
 
 
-def timed_steps(accelerator, model, optimizer, loader, steps: int, cfg) -> tuple[float, float, int, float, float]:
+def timed_steps(accelerator, model, optimizer, loader, steps: int, max_grad_norm) -> tuple:
     """(seconds waiting for data, seconds in all, samples, main-thread CPU seconds in the loader, in all,
-    seconds waiting for the first batch)
-    over `steps` training steps, epochs wrapping. The CPU-time pair does not see waiting for workers,
-    but with workers=0 all data work is on the main thread, and CPU time ignores other load on the machine."""
+    seconds waiting for the first batch) over `steps` training steps, epochs wrapping. The CPU-time pair
+    does not see waiting for workers, but with workers=0 all data work is on the main thread, and CPU
+    time ignores other load on the machine."""
     criterion = nn.CrossEntropyLoss()
-    waiting = samples = waiting_cpu = 0
-    done = 0
+    waiting = samples = waiting_cpu = done = 0
     first_wait = None  # the first batch of the run: worker start-up, paid once per run with persistent workers
-    start, start_cpu = time.perf_counter(), time.thread_time()
-    it = None
+    start, start_cpu, it = time.perf_counter(), time.thread_time(), None
     while done < steps:
         t, c = time.perf_counter(), time.thread_time()
         if it is None:
             it = iter(loader)
-        try:
-            inputs, targets = next(it)
-        except StopIteration:
-            waiting += time.perf_counter() - t
-            waiting_cpu += time.thread_time() - c
-            it = None
-            continue
+        batch = next(it, None)
         waiting += time.perf_counter() - t
         waiting_cpu += time.thread_time() - c
+        if batch is None:
+            it = None
+            continue
+        inputs, targets = batch
         first_wait = waiting if first_wait is None else first_wait
         loss = criterion(model(inputs), targets)
         accelerator.backward(loss)
-        if cfg.max_grad_norm:
-            accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        if max_grad_norm:
+            accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
         samples += len(targets)
         done += 1
     del it  # stop the workers of an unfinished epoch before the clock stops
     return waiting, time.perf_counter() - start, samples, waiting_cpu, time.thread_time() - start_cpu, first_wait
+
+
+def row(name: str, setting, steps: int, runs: list[tuple]) -> dict:
+    shares = [w / t for w, t, *_ in runs]
+    rates = [n / t for _, t, n, *_ in runs]
+    return {
+        "dataset": name, "setting": label(setting), "num_workers": setting[0], "pin_memory": setting[1],
+        "persistent_workers": setting[2], "default": setting == SETTINGS[0], "steps": steps,
+        "wait_share": statistics.median(shares), "wait_share_runs": shares,
+        "wait_share_cpu": statistics.median(wc / tc for *_, wc, tc, _ in runs),
+        "wait_share_after_first_batch": statistics.median((w - f) / (t - f) for w, t, *_, f in runs),
+        "samples_per_s": max(rates), "samples_per_s_runs": rates,
+        "step_ms": 1000 * statistics.median(t / steps for _, t, *_ in runs),
+        "wait_ms_per_step": 1000 * statistics.median(w / steps for w, *_ in runs),
+    }  # fmt: skip
+
+
+def dataset_rows(name: str, options: list[str], steps: int, rounds: int, accelerator) -> tuple[list[dict], object]:
+    accelerator, model, optimizer, cfg, loader_of = toolkit.prepared_job(options, accelerator)
+    model.train()
+    runs = {s: [] for s in SETTINGS}
+    for r in range(rounds):
+        for setting in toolkit.rotated(SETTINGS, r):  # so no setting always goes first
+            loader = accelerator.prepare(loader_of(*setting))
+            runs[setting].append(timed_steps(accelerator, model, optimizer, loader, steps, cfg.max_grad_norm))
+            accelerator._dataloaders.clear()  # prepared loaders are only remembered for checkpointing
+            del loader
+    rows = [row(name, setting, steps, r) for setting, r in runs.items()]
+    for x in rows:
+        share, after = 100 * x["wait_share"], 100 * x["wait_share_after_first_batch"]
+        wait = f"wait {share:5.1f}% (after the first batch {after:5.1f}%)"
+        print(f"{name:55s} {x['setting']:32s} {wait} {x['samples_per_s']:9.0f} samples/s", flush=True)
+    return rows, accelerator
 
 
 def main(argv=None) -> None:
@@ -96,54 +142,17 @@ def main(argv=None) -> None:
     p.add_argument("--only", default="", help="run only the datasets whose name contains this text")
     args = p.parse_args(argv)
     if not IMAGES.exists():
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from imagedata import write_imagefolder
-
-        write_imagefolder(IMAGES, size=32, mode="RGB")
-    warnings.filterwarnings("ignore", message=".*pin_memory.*")  # no accelerator: pinning is a no-op, said once in the docs
-    accelerator = None
-    results = []
+        write_digit_images(IMAGES)
+    warnings.filterwarnings(
+        "ignore", message=".*pin_memory.*"
+    )  # no accelerator: pinning is a no-op, said once in the docs
+    accelerator, results = None, []
     for name, (options, steps) in DATASETS.items():
-        if args.only not in name:
-            continue
-        cfg = parse_config(options)
-        if accelerator is None:
-            accelerator = make_accelerator(cfg)
-        data = load_splits(cfg)
-        torch.manual_seed(cfg.seed)
-        model = make_model(cfg, data.shape())
-        optimizer = build_optimizer(cfg, model)
-        model, optimizer = accelerator.prepare(model, optimizer)
-        model.train()
-        rows = {s: [] for s in SETTINGS}
-        for r in range(args.rounds):
-            order = SETTINGS[r % len(SETTINGS):] + SETTINGS[: r % len(SETTINGS)]  # rotate so no setting always goes first
-            for setting in order:
-                workers, pin, persistent = setting
-                c = dataclasses.replace(cfg, num_workers=workers, pin_memory=pin, persistent_workers=persistent)
-                loader = accelerator.prepare(make_loader(data.train, c, shuffle=True))
-                rows[setting].append(timed_steps(accelerator, model, optimizer, loader, steps, cfg))
-                accelerator._dataloaders.clear()  # prepared loaders are only remembered for checkpointing
-                del loader
-        for setting, runs in rows.items():
-            shares = [w / t for w, t, *_ in runs]
-            rates = [n / t for _, t, n, *_ in runs]
-            results.append({
-                "dataset": name, "setting": label(setting), "num_workers": setting[0], "pin_memory": setting[1],
-                "persistent_workers": setting[2], "default": setting == SETTINGS[0], "steps": steps,
-                "wait_share": statistics.median(shares), "wait_share_runs": shares,
-                "wait_share_cpu": statistics.median(wc / tc for *_, wc, tc, _ in runs),
-                "wait_share_after_first_batch": statistics.median((w - f) / (t - f) for w, t, *_, f in runs),
-                "samples_per_s": max(rates), "samples_per_s_runs": rates,
-                "step_ms": 1000 * statistics.median(t / steps for _, t, *_ in runs),
-                "wait_ms_per_step": 1000 * statistics.median(w / steps for w, *_ in runs),
-            })
-            print(f"{name:55s} {label(setting):32s} wait {100 * results[-1]['wait_share']:5.1f}% (after the first batch {100 * results[-1]['wait_share_after_first_batch']:5.1f}%) "
-                  f"{results[-1]['samples_per_s']:9.0f} samples/s", flush=True)
-    import os
-
-    Path(args.json).write_text(json.dumps({"rows": results, "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
-                                           "load1_end": os.getloadavg()[0]}, indent=1))
+        if args.only in name:
+            rows, accelerator = dataset_rows(name, options, steps, args.rounds, accelerator)
+            results += rows
+    info = {"threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(), "load1_end": os.getloadavg()[0]}
+    toolkit.write_json(args.json, {"rows": results, **info})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ import json
 import statistics
 from pathlib import Path
 
-import bench
+from bench import trainer_variant
+from bench_summary import best, ratio, runs_of
+from toolkit import WORKLOADS, Runner, fmt, md_head, write_json
 
 VARIANTS = {
     # name: (accelerate config, extra options)
@@ -34,61 +36,77 @@ def folder(name: str) -> str:
     return "ddp-" + "".join(c if c.isalnum() else "-" for c in name)
 
 
-def weight_difference(a: Path, b: Path) -> float:
+def variant(name: str):
+    config, extra = VARIANTS[name]
+    _, opts, batch, steps = WORKLOADS["large"]
+    per_rank = batch if config == "cpu.yaml" else batch // 2
+    args = [*opts, "--batch-size", str(per_rank), "--max-steps", str(steps), "--no-plot", *extra]
+    return name, lambda runner: trainer_variant(runner, folder(name), config, args)
+
+
+def fp16_effect(runs_dir: Path) -> dict | None:
+    """The fp16 all-reduce's final weights against the fp32 one's: the largest difference, both test accuracies."""
     from safetensors.torch import load_file
 
-    wa, wb = load_file(str(a)), load_file(str(b))
-    return max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+    fp32, fp16 = (runs_dir / folder(n) for n in ("2x1 bucket 5 MB (anytrain's CPU default)", "2x1 fp16 all-reduce"))
+    if not ((fp32 / "model.safetensors").exists() and (fp16 / "model.safetensors").exists()):
+        return None
+    wa, wb = (load_file(str(d / "model.safetensors")) for d in (fp32, fp16))
+    acc = [json.loads((d / "summary.json").read_text())["test_accuracy"] for d in (fp32, fp16)]
+    diff = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+    effect = {"max_abs_weight_difference": diff, "test_accuracy_fp32_all_reduce": acc[0]}
+    return {**effect, "test_accuracy_fp16_all_reduce": acc[1], "steps": WORKLOADS["large"][3]}
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="bench_out/ddp")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--only", nargs="+", metavar="TEXT", help="run only the variants whose names contain one of these (1x2 always runs)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="TEXT",
+        help="run only the variants whose names contain one of these (1x2 always runs)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    runner = bench.Runner(out)
-    _, opts, batch, steps = bench.WORKLOADS["large"]
-    records = []
+    runner = Runner(out)
     names = [n for n in VARIANTS if n == "1x2" or not args.only or any(t in n for t in args.only)]
-    for r in range(args.rounds):
-        print(f"round {r + 1}/{args.rounds}", flush=True)
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            config, extra = VARIANTS[name]
-            per_rank = batch if config == "cpu.yaml" else batch // 2
-            rec = bench.trainer_variant(runner, folder(name), config, [*opts, "--batch-size", str(per_rank), "--max-steps", str(steps), "--no-plot", *extra])
-            rec["variant"], rec["round"] = name, r
-            records.append(rec)
-    base = bench.best(records, "1x2")
-    rows = {name: {"steady_samples_per_s": bench.best(records, name), "scaling": bench.ratio(bench.best(records, name), base),
-                   "runs": bench.runs_of(records, name)} for name in names}
-    fp32, fp16 = (runner.runs_dir / folder(n) for n in ("2x1 bucket 5 MB (anytrain's CPU default)", "2x1 fp16 all-reduce"))
-    rows = {**rows, **{f"{n}, median of runs": {"steady_samples_per_s": statistics.median(v for v in rows[n]["runs"] if v),
-                                                "scaling": statistics.median(v for v in rows[n]["runs"] if v) / statistics.median(v for v in rows["1x2"]["runs"] if v),
-                                                "runs": []} for n in names if n != "1x2"}}
-    effect = None
-    if (fp32 / "model.safetensors").exists() and (fp16 / "model.safetensors").exists():
-        acc = [json.loads((d / "summary.json").read_text())["test_accuracy"] for d in (fp32, fp16)]
-        effect = {"max_abs_weight_difference": weight_difference(fp32 / "model.safetensors", fp16 / "model.safetensors"),
-                  "test_accuracy_fp32_all_reduce": acc[0], "test_accuracy_fp16_all_reduce": acc[1], "steps": steps}
-    result = {"rows": rows, "fp16_effect": effect, "records": records}
-    (out / "ddp_options.json").write_text(json.dumps(result, indent=1, default=str))
+    records = runner.rounds([variant(n) for n in names], args.rounds)
+    base = best(records, "1x2")
+    rows = {
+        n: {
+            "steady_samples_per_s": best(records, n),
+            "scaling": ratio(best(records, n), base),
+            "runs": runs_of(records, n),
+        }
+        for n in names
+    }
+    median = {n: statistics.median(v for v in rows[n]["runs"] if v) for n in names}
+    for n in names[1:]:
+        rows[f"{n}, median of runs"] = {
+            "steady_samples_per_s": median[n],
+            "scaling": median[n] / median["1x2"],
+            "runs": [],
+        }
+    result = {"rows": rows, "fp16_effect": fp16_effect(runner.runs_dir), "records": records}
+    write_json(out / "ddp_options.json", result)
     print(table(result))
     return result
 
 
 def table(result: dict) -> str:
-    out = ["| variant | steady samples/s | / 1 x 2 | runs |", "|---|---|---|---|"]
+    out = md_head("variant", "steady samples/s", "/ 1 x 2", "runs")
     for name, row in result["rows"].items():
         runs = ", ".join(f"{v:,.0f}" for v in row["runs"] if v)
-        out.append(f"| {name} | {bench.fmt(row['steady_samples_per_s'])} | {bench.fmt(row['scaling'], '.2f')} | {runs} |")
-    e = result["fp16_effect"]
-    if e:
-        out.append(f"\nfp16 all-reduce after {e['steps']} steps: weights differ from the fp32 all-reduce's by at most {e['max_abs_weight_difference']:.2e}; "
-                   f"test accuracy {100 * e['test_accuracy_fp16_all_reduce']:.2f} % against {100 * e['test_accuracy_fp32_all_reduce']:.2f} %.")
+        out.append(f"| {name} | {fmt(row['steady_samples_per_s'])} | {fmt(row['scaling'], '.2f')} | {runs} |")
+    if e := result["fp16_effect"]:
+        weights = f"weights differ from the fp32 all-reduce's by at most {e['max_abs_weight_difference']:.2e}"
+        accuracy = (
+            f"{100 * e['test_accuracy_fp16_all_reduce']:.2f} % against {100 * e['test_accuracy_fp32_all_reduce']:.2f} %"
+        )
+        out.append(f"\nfp16 all-reduce after {e['steps']} steps: {weights}; test accuracy {accuracy}.")
     return "\n".join(out)
 
 

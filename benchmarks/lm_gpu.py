@@ -4,11 +4,11 @@ tokens/s and MFU, for bf16 eager and bf16 + torch.compile (and optionally nanoGP
     python benchmarks/lm_gpu.py                       # both variants, the full 5000-step recipe
     python benchmarks/lm_gpu.py --max-steps 500       # a quick look (the schedule is shortened too)
 
-MFU (model FLOPs utilisation) = tokens/s x FLOPs per token / the GPU's peak dense bf16 FLOP/s, with
-FLOPs per token = 6 N + 12 n_layer n_embd block_size (N = parameters without the position
-embedding): the matmul FLOPs of the forward and backward pass, attention scores included
-(PaLM's appendix B; nanoGPT's estimate_mfu uses the same formula). The rate is the steady state:
-the median of the logged tokens/s after the first log window (compilation, warm-up).
+MFU (model FLOPs utilisation) = tokens/s x FLOPs per token / the GPU's peak dense bf16 FLOP/s
+(toolkit.GPU_PEAKS), with FLOPs per token = 6 N + 12 n_layer n_embd block_size (N = parameters
+without the position embedding): the matmul FLOPs of the forward and backward pass, attention
+scores included (PaLM's appendix B; nanoGPT's estimate_mfu uses the same formula). The rate is the
+steady state: the median of the logged tokens/s after the first log window (compilation, warm-up).
 
 Goal from the issue: validation loss <= 1.47 (nanoGPT: best 1.4697 on one A100).
 """
@@ -17,40 +17,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# Peak dense bf16 tensor-core FLOP/s by device name fragment (vendor data sheets).
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0,
-                    "A10G": 70.0, "L4": 121.0, "RTX 4090": 165.0, "V100": 125.0, "T4": 65.0}
+from toolkit import ROOT, TRAIN, gpu_peak, launch_cmd, read_run, run_process, steady_tokens_per_s
+
 VARIANTS = {"bf16": "bf16.yaml", "bf16+compile": "gpu_compile.yaml"}
-
-
-def peak_tflops(name: str) -> float | None:
-    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
 def run_variant(name: str, config: str, out: Path, extra: list[str], timeout: int) -> dict:
     run_dir = out / name.replace("+", "_")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / config),
-           str(ROOT / "src" / "train.py"), "--config", str(ROOT / "examples" / "shakespeare_gpu.yaml"),
-           "--output-dir", str(run_dir), "--overwrite", "--no-progress", *extra]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        return {"variant": name, "error": proc.stderr[-2000:]}
-    summary = json.loads((run_dir / "summary.json").read_text())
-    rates = [json.loads(line)["tokens_per_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
-    steady = statistics.median(rates[1:]) if len(rates) > 1 else summary["tokens_per_s"]
+    args = ["--config", str(ROOT / "examples" / "shakespeare_gpu.yaml"), "--output-dir", str(run_dir), "--overwrite"]
+    with (out / f"{run_dir.name}.log").open("w") as log:
+        rec, lines = run_process(launch_cmd(config, TRAIN, *args, "--no-progress", *extra), log, timeout=timeout)
+    if "error" in rec:
+        return {"variant": name, "error": "\n".join(text for _, text in lines)[-2000:] or rec["error"]}
+    train, _, summary = read_run(run_dir)
+    steady = steady_tokens_per_s(train) if len(train) > 1 else summary["tokens_per_s"]
     device = summary["scenario"]["device_name"]
-    peak = peak_tflops(device)
+    peak = (gpu_peak(device) or (None, None))[1]
     return {
         "variant": name,
         "device": device,
@@ -62,7 +46,7 @@ def run_variant(name: str, config: str, out: Path, extra: list[str], timeout: in
         "mfu": steady * summary["flops_per_token"] / (peak * 1e12) if peak else None,
         "peak_bf16_tflops": peak,
         "peak_memory_gib": summary["peak_memory_bytes"] / 2**30,
-        "wall_s": wall,
+        "wall_s": rec["wall_s"],
         "scenario": summary["scenario"],
     }
 
@@ -83,11 +67,12 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
-            print(f"| {r['variant']} | failed: {r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'} |")
+            print(f"| {r['variant']} | failed: {(r['error'].strip().splitlines() or ['?'])[-1]} |")
             continue
         mfu = f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "n/a (unknown GPU peak)"
-        print(f"| {r['variant']} | {r['device']} | {r['val_loss']:.4f} / {r['best_val_loss']:.4f} | {r['steady_tokens_per_s']:,.0f} | {mfu} "
-              f"| {r['first_step_s']:.1f} | {r['peak_memory_gib']:.2f} | {r['wall_s']:.0f} |")
+        loss = f"{r['val_loss']:.4f} / {r['best_val_loss']:.4f}"
+        rest = f"{r['first_step_s']:.1f} | {r['peak_memory_gib']:.2f} | {r['wall_s']:.0f}"
+        print(f"| {r['variant']} | {r['device']} | {loss} | {r['steady_tokens_per_s']:,.0f} | {mfu} | {rest} |")
 
 
 if __name__ == "__main__":

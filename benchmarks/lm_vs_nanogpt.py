@@ -6,59 +6,31 @@
 
 --nanogpt is a checkout of https://github.com/karpathy/nanoGPT (e.g. `git --git-dir=<bare repo> archive
 HEAD | tar -x -C DIR`). None of its code is copied here: its train.py runs as a subprocess, from its own
-folder, exactly as its README's CPU recipe says, plus --out_dir (a run folder under --out, so nothing is
-written into the checkout except the prepared data), --wandb_log=False and --dtype=float32.
---dtype=float32 changes no arithmetic on a CPU (train.py autocasts only on CUDA); it only turns nanoGPT's
-no-op GradScaler off explicitly instead of letting it warn "enabled, but CUDA is not available. Disabling."
-No compatibility shim is needed for train.py on torch 2.13 (torch.cuda.amp.GradScaler still exists there,
-deprecated). The one shim is for data preparation: data/shakespeare_char/prepare.py does `import requests`
-at the top (only used to download input.txt), and the project's venv has no `requests`; since input.txt is
-copied in from --data first, the download never happens, so the harness runs prepare.py with runpy after
-putting an empty stand-in module in sys.modules['requests'] (only when `requests` is not importable).
+folder, as its README's CPU recipe says ("I only have a macbook": 4 layers, 4 heads, n_embd 128, block 64,
+batch 12, dropout 0, eval every 250 iterations over 20 batches), plus --out_dir (a run folder under
+--out), --wandb_log=False and --dtype=float32 (no arithmetic changes on a CPU: it only turns the no-op
+GradScaler off instead of letting it warn). Its data/shakespeare_char/prepare.py runs once on --data,
+with an empty stand-in for `requests` when that is not installed (input.txt is put in place first, so
+it downloads nothing). anytrain runs examples/shakespeare_cpu.yaml (the same recipe) through `accelerate
+launch --config_file accelerate_configs/cpu.yaml` (cpu_compile.yaml with --compile).
 
-The recipe (nanoGPT's README, "I only have a macbook"): 4 layers, 4 heads, n_embd 128, block_size 64,
-batch_size 12 (768 tokens per iteration), dropout 0, AdamW lr 1e-3 -> min_lr 1e-4 (cosine, 100 warm-up
-iterations), beta2 0.99, weight_decay 0.1, grad_clip 1.0, eval every 250 iterations over 20 batches, CPU,
-fp32. anytrain runs examples/shakespeare_cpu.yaml (which must encode the same recipe) through
-`accelerate launch --config_file accelerate_configs/cpu.yaml` (cpu_compile.yaml with --compile).
+--max-iters N goes to nanoGPT as max_iters AND lr_decay_iters and to anytrain as --max-steps, so both
+schedules shorten alike; if N is not a multiple of 250, nanoGPT's eval_interval becomes N so that it
+still reports a final validation loss. nanoGPT trains iterations 0..N (N+1 steps), anytrain N.
 
---max-iters N (default 2000) goes to nanoGPT as max_iters AND lr_decay_iters and to anytrain as
---max-steps, so a short N shortens the cosine schedule for both identically (final losses of a short N
-are not comparable with the full run's). If N is not a multiple of 250, nanoGPT's eval_interval becomes N
-(evaluation at iteration 0 and N only) so that it still reports a validation loss at the end.
-Note nanoGPT trains iterations 0..N inclusive (N+1 optimizer steps: its loop breaks when iter > N);
-anytrain trains N.
+Figures per run: steady tokens/s (nanoGPT: 768 tokens / the median of its printed iteration times,
+iteration 0, the first --skip-iters and every evaluating iteration left out; anytrain: the median
+`tokens_per_s` of its metrics.jsonl windows after the first); the final validation loss (nanoGPT's is
+its 20-batch estimate); wall (process start to exit); other load (cores other processes kept busy,
+flagged above 0.25); first iteration (nanoGPT's iteration 0 time, anytrain's first_step_s; with
+--compile, compile overhead = compiled - eager first iteration of the round, each run with an empty
+TORCHINDUCTOR_CACHE_DIR). The ratio is anytrain/nanoGPT steady tokens/s, per round and median.
 
-Figures per run:
-  * steady tokens/s. nanoGPT: tokens per iteration (768) / the median of its printed per-iteration
-    `time` (it is wall time between the ends of consecutive iterations, so it includes data loading),
-    leaving out iteration 0, the first --skip-iters iterations, and every iteration at which it
-    evaluated (iter % eval_interval == 0: that iteration's time contains the evaluation and the
-    checkpoint save). anytrain: the median `tokens_per_s` of its metrics.jsonl train lines, leaving out
-    the first window (anytrain leaves evaluation and checkpoint pauses out of its windows itself).
-  * final validation loss. nanoGPT: the last `val loss` it printed (mean over 20 random val batches of
-    12x64, so it carries a few 0.01 of sampling noise); anytrain: summary.json's val_loss.
-  * wall: the whole process, start to exit, timed from outside (imports, data, compile, evaluation in).
-  * other load: the average number of cores other processes kept busy during the run (from
-    /proc/stat minus the run's own CPU time); the table flags runs where it exceeded 0.25.
-  * first iteration: nanoGPT's printed time of iteration 0 (it contains the step-0 evaluation and, with
-    --compile, the compilation of the eval and train graphs); anytrain: summary.json's first_step_s.
-    With --compile the table also gives compile overhead = compiled first iteration - eager first
-    iteration of the same round. Every run gets its own empty TORCHINDUCTOR_CACHE_DIR, so each compiled
-    run compiles cold (no run profits from an earlier one's cache).
-The ratio is anytrain/nanoGPT steady tokens/s, per round and mode, and the median over rounds.
-
-Runs are interleaved: every round runs every (system, mode) once, the order rotating per round, so slow
-spells of a shared machine hit both sides alike. Every run is a subprocess with a timeout (--timeout).
-Threads: both sides get the same environment with OMP_NUM_THREADS/MKL_NUM_THREADS removed, so nanoGPT
-uses torch's default (the physical core count) and accelerate launch sets OMP_NUM_THREADS to the physical
-core count for anytrain: the same number (2 on a 2-core machine). --threads T sets OMP_NUM_THREADS=T for
-both instead. The threads each side used are recorded and a mismatch is flagged.
-Known difference not levelled here: anytrain flushes denormals to zero on CPU, nanoGPT does not.
-
-Output: <out>/lm_vs_nanogpt.json (every run, every figure, the commands), <out>/lm_vs_nanogpt.md (the
-table printed at the end), <out>/logs/<run>.log (each process's output), <out>/runs/<run>/ (run folders).
-The JSON is rewritten after every run, so an interrupted benchmark keeps what it measured.
+Runs are interleaved (the order rotating per round), each a subprocess with a timeout. Both sides get
+the same environment without OMP_NUM_THREADS/MKL_NUM_THREADS (so both use the physical core count;
+--threads T sets it for both); a thread-count mismatch is flagged. Not levelled: anytrain flushes
+denormals to zero on CPU, nanoGPT does not. Output: <out>/lm_vs_nanogpt.json (rewritten after every
+run), <out>/lm_vs_nanogpt.md, <out>/logs/<run>.log, <out>/runs/<run>/.
 """
 
 from __future__ import annotations
@@ -69,45 +41,27 @@ import json
 import os
 import platform
 import re
-import resource
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import toolkit
+from toolkit import ROOT, TRAIN, launch_cmd, read_run, run_env, run_process
+
 DEFAULT_PY = ROOT / ".venv" / "bin" / "python"
 DEFAULT_DATA = Path("/work/shared/data/tinyshakespeare.txt")
-
-# nanoGPT's README CPU recipe, as command-line overrides of config/train_shakespeare_char.py.
+# nanoGPT's README CPU recipe as overrides of config/train_shakespeare_char.py (the last two: see above);
 # max_iters / lr_decay_iters / eval_interval / compile / out_dir are added per run.
 NANOGPT_CONFIG = "config/train_shakespeare_char.py"
-NANOGPT_RECIPE = {
-    "device": "cpu",
-    "eval_iters": 20,
-    "log_interval": 1,
-    "block_size": 64,
-    "batch_size": 12,
-    "n_layer": 4,
-    "n_head": 4,
-    "n_embd": 128,
-    "dropout": 0.0,
-    # not in the README's command line, see the module docstring
-    "wandb_log": False,
-    "dtype": "float32",
-}
+NANOGPT_RECIPE = dict(device="cpu", eval_iters=20, log_interval=1, block_size=64, batch_size=12, n_layer=4, n_head=4)
+NANOGPT_RECIPE.update(n_embd=128, dropout=0.0, wandb_log=False, dtype="float32")
+TOKENS = NANOGPT_RECIPE["batch_size"] * NANOGPT_RECIPE["block_size"]  # 768 per iteration, both sides
 EVAL_INTERVAL = 250  # config/train_shakespeare_char.py's value, which anytrain's example uses too
-
 ANYTRAIN_CONFIG = "examples/shakespeare_cpu.yaml"
-ACCEL_CONFIG = {"eager": "accelerate_configs/cpu.yaml", "compiled": "accelerate_configs/cpu_compile.yaml"}
-
-# Runs prepare.py with an empty stand-in for `requests` when that is not installed (it is imported at
-# the top of prepare.py but only used to download input.txt, which the harness has put in place).
-PREPARE_RUNNER = (
+ACCEL_CONFIG = {"eager": "cpu.yaml", "compiled": "cpu_compile.yaml"}
+PREPARE_RUNNER = (  # prepare.py with an empty `requests` (imported at its top, used only to download input.txt)
     "import runpy, sys, types\n"
     "try:\n"
     "    import requests  # noqa: F401\n"
@@ -116,24 +70,12 @@ PREPARE_RUNNER = (
     "sys.argv = [sys.argv[1]]\n"
     "runpy.run_path(sys.argv[0], run_name='__main__')\n"
 )
-
+COLUMNS = ["round", "system", "mode", "val loss", "steady tok/s", "steady ms/iter", "first iter s", "wall s", "threads"]
+COLUMNS += ["other load", "status"]
 ITER_RE = re.compile(r"^iter (\d+): loss ([-+\d.eE]+|nan), time ([\d.]+)ms")
 STEP_RE = re.compile(r"^step (\d+): train loss ([-+\d.eE]+|nan), val loss ([-+\d.eE]+|nan)")
 TOKENS_RE = re.compile(r"^tokens per iteration will be: ([\d,]+)")
 ACCEL_THREADS_RE = re.compile(r"num_cpu_threads_per_process`? was set to `?(\d+)")
-
-
-# ----------------------------------------------------------------------------- environment
-
-
-def base_env(threads: int | None) -> dict:
-    """The environment of every run: the same for both systems."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
-    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.pop(k, None)  # torch's default for nanoGPT, the launch's choice for anytrain (both = cores)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return env
 
 
 def probe_torch(python: str, env: dict) -> dict:
@@ -146,15 +88,9 @@ def probe_torch(python: str, env: dict) -> dict:
         return {"error": repr(e)}
 
 
-# ----------------------------------------------------------------------------- nanoGPT data
-
-
 def prepare_nanogpt_data(nanogpt: Path, data: Path, python: str, env: dict) -> dict:
-    """Put --data in as data/shakespeare_char/input.txt and run its prepare.py, unless already done.
-
-    Done = input.txt has the same bytes as --data and train.bin/val.bin/meta.pkl exist with the sizes
-    prepare.py's 90/10 split of that text gives (uint16 per character).
-    """
+    """Put --data in as data/shakespeare_char/input.txt and run its prepare.py, unless already done: input.txt
+    has the same bytes and train.bin/val.bin/meta.pkl the sizes of prepare.py's 90/10 split (uint16 per char)."""
     d = nanogpt / "data" / "shakespeare_char"
     if not (d / "prepare.py").exists():
         sys.exit(f"{d / 'prepare.py'} not found: is --nanogpt a nanoGPT checkout?")
@@ -163,18 +99,17 @@ def prepare_nanogpt_data(nanogpt: Path, data: Path, python: str, env: dict) -> d
     want = {"train.bin": 2 * int(n * 0.9), "val.bin": 2 * (n - int(n * 0.9))}
     inp = d / "input.txt"
     same_input = inp.exists() and inp.read_bytes() == src
-    done = same_input and (d / "meta.pkl").exists() and all(
-        (d / f).exists() and (d / f).stat().st_size == size for f, size in want.items()
-    )
+    sizes_ok = all((d / f).exists() and (d / f).stat().st_size == size for f, size in want.items())
     info = {"dir": str(d), "characters": n, "train_tokens": want["train.bin"] // 2, "val_tokens": want["val.bin"] // 2}
-    if done:
+    if same_input and (d / "meta.pkl").exists() and sizes_ok:
         return {**info, "prepared": "already"}
     if not same_input:
         if inp.exists():
             inp.chmod(0o644)
             inp.unlink()
         shutil.copyfile(data, inp)  # copyfile: not the source's (possibly read-only) mode
-    out = subprocess.run([python, "-c", PREPARE_RUNNER, "prepare.py"], check=False, cwd=d, env=env, capture_output=True, text=True, timeout=600)
+    cmd = [python, "-c", PREPARE_RUNNER, "prepare.py"]
+    out = subprocess.run(cmd, check=False, cwd=d, env=env, capture_output=True, text=True, timeout=600)
     if out.returncode:
         sys.exit(f"nanoGPT's prepare.py failed:\n{out.stdout}\n{out.stderr}")
     for f, size in want.items():
@@ -183,110 +118,22 @@ def prepare_nanogpt_data(nanogpt: Path, data: Path, python: str, env: dict) -> d
     return {**info, "prepared": "now", "prepare_output": out.stdout.strip().splitlines()}
 
 
-# ----------------------------------------------------------------------------- commands
-
-
-def nanogpt_cmd(python: str, iters: int, compiled: bool, out_dir: Path) -> list[str]:
-    """`python train.py config/train_shakespeare_char.py --key=value ...`, as nanoGPT's README runs it."""
-    overrides = dict(NANOGPT_RECIPE)
-    overrides.update(
-        compile=compiled,
-        max_iters=iters,
-        lr_decay_iters=iters,
-        eval_interval=nanogpt_eval_interval(iters),
-        out_dir=str(out_dir),
-    )
-    return [python, "train.py", NANOGPT_CONFIG, *(f"--{k}={v}" for k, v in overrides.items())]
-
-
 def nanogpt_eval_interval(iters: int) -> int:
     return EVAL_INTERVAL if iters % EVAL_INTERVAL == 0 else iters
 
 
-def anytrain_cmd(python: str, iters: int, compiled: bool, out_dir: Path) -> list[str]:
-    return [
-        python, "-m", "accelerate.commands.launch", "--config_file", ACCEL_CONFIG["compiled" if compiled else "eager"],
-        "src/train.py", "--config", ANYTRAIN_CONFIG, "--max-steps", str(iters),
-        "--output-dir", str(out_dir), "--overwrite", "--no-progress",
-    ]
-
-
-# ----------------------------------------------------------------------------- running
-
-
-def busy_cpu_s() -> float | None:
-    """CPU seconds the whole machine has spent busy since boot (Linux /proc/stat), None elsewhere."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # guest time is already in user
-
-
-def children_cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
-def run_process(cmd: list[str], cwd: Path, env: dict, timeout: float, log_path: Path) -> dict:
-    """Run cmd with a wall-clock limit; return wall seconds, exit code and its output lines.
-
-    The process gets its own session, so a timeout ends it and its children (accelerate launch starts
-    the trainer as a child) by process group. Each line is kept with the second it arrived.
-    Also measured: the CPU seconds the run used (`cpu_s`) and `other_load`, the average number of
-    cores that everything else on the machine kept busy meanwhile (0 on a quiet machine; on a 2-core
-    machine anything near 1 or more means the run's timings were squeezed by other work).
-    """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    lines: list[tuple[float, str]] = []
-    timed_out = threading.Event()
-    busy0, cpu0 = busy_cpu_s(), children_cpu_s()
-    start = time.perf_counter()
-    with log_path.open("w") as log:
-        log.write(f"$ (cd {cwd} && {' '.join(cmd)})\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1, start_new_session=True)
-
-        def stop() -> None:
-            timed_out.set()
-            for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 0)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    return
-                try:
-                    proc.wait(timeout=grace or None)
-                    return
-                except subprocess.TimeoutExpired:
-                    pass
-
-        timer = threading.Timer(timeout, stop)
-        timer.daemon = True
-        timer.start()
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.append((time.perf_counter() - start, line.rstrip("\n")))
-                log.write(line)
-            proc.wait()
-        finally:
-            timer.cancel()
-    wall = time.perf_counter() - start
-    cpu, busy1 = children_cpu_s() - cpu0, busy_cpu_s()
-    rec = {"wall_s": wall, "returncode": proc.returncode, "log": str(log_path), "cpu_s": cpu,
-           "other_load": max(0.0, (busy1 - busy0 - cpu) / wall) if busy0 is not None and busy1 is not None else None}
-    if timed_out.is_set():
-        rec["error"] = f"timed out after {timeout:.0f} s"
-    elif proc.returncode:
-        rec["error"] = f"exit code {proc.returncode} (see {log_path.name})"
-        rec["error_tail"] = [text for _, text in lines[-15:]]
-    rec["lines"] = lines
-    return rec
-
-
-# ----------------------------------------------------------------------------- parsing
+def command(system: str, args: argparse.Namespace, mode: str, run_dir: Path) -> tuple[list[str], Path]:
+    """(command, folder to run it in) of one run: nanoGPT's `python train.py config/... --key=value ...`
+    as its README runs it, anytrain's `accelerate launch ... src/train.py --config ...` as its README does."""
+    iters, compiled = args.max_iters, mode == "compiled"
+    if system == "nanogpt":
+        per_run = dict(
+            compile=compiled, max_iters=iters, lr_decay_iters=iters, eval_interval=nanogpt_eval_interval(iters)
+        )
+        overrides = {**NANOGPT_RECIPE, **per_run, "out_dir": str(run_dir)}
+        return [args.python, "train.py", NANOGPT_CONFIG, *(f"--{k}={v}" for k, v in overrides.items())], args.nanogpt
+    opts = ["--config", ANYTRAIN_CONFIG, "--max-steps", str(iters), "--output-dir", str(run_dir), "--overwrite"]
+    return launch_cmd(ACCEL_CONFIG[mode], TRAIN, *opts, "--no-progress", python=args.python), ROOT
 
 
 def parse_nanogpt(lines: list[tuple[float, str]], eval_interval: int, skip_iters: int) -> dict:
@@ -303,24 +150,23 @@ def parse_nanogpt(lines: list[tuple[float, str]], eval_interval: int, skip_iters
             tokens_per_iter = int(m[1].replace(",", ""))
     if not iters:
         return {"parse_error": "no `iter N: loss ..., time ...ms` lines"}
-    tokens_per_iter = tokens_per_iter or NANOGPT_RECIPE["batch_size"] * NANOGPT_RECIPE["block_size"]
+    tokens_per_iter = tokens_per_iter or TOKENS
     steady = [ms for i, (_, ms, _) in iters.items() if i > 0 and i >= skip_iters and i % eval_interval != 0]
-    median_ms = statistics.median(steady) if steady else None
-    last = max(iters)
+    median_ms, last, first = statistics.median(steady) if steady else None, max(iters), iters.get(0)
     res = {
         "iters_logged": len(iters),
         "last_iter": last,
         "tokens_per_iter": tokens_per_iter,
         "steady_iters": len(steady),
-        "steady_ms_per_iter": median_ms,
-        "steady_tokens_per_s": tokens_per_iter / (median_ms / 1000) if median_ms else None,
-        "steady_ms_p10_p90": quantiles(steady),
-        "first_iter_s": iters[0][1] / 1000 if 0 in iters else None,
-        "start_to_iter0_s": iters[0][2] if 0 in iters else None,  # process start -> iteration 0 printed
-        "loop_s": sum(ms for _, ms, _ in iters.values()) / 1000,  # evaluation and checkpoint saves in
-        "final_train_loss_logged": iters[last][0],
-        "evals": [{"step": s, "train_loss": tr, "val_loss": va} for s, tr, va in evals],
     }
+    res.update(
+        steady_ms_per_iter=median_ms, steady_tokens_per_s=tokens_per_iter / (median_ms / 1000) if median_ms else None
+    )
+    res.update(steady_ms_p10_p90=quantiles(steady), first_iter_s=first[1] / 1000 if first else None)
+    res["start_to_iter0_s"] = first[2] if first else None  # process start -> iteration 0 printed
+    res["loop_s"] = sum(ms for _, ms, _ in iters.values()) / 1000  # evaluation and checkpoint saves in
+    res["final_train_loss_logged"] = iters[last][0]
+    res["evals"] = [{"step": s, "train_loss": tr, "val_loss": va} for s, tr, va in evals]
     if evals:
         res["val_loss_step"], res["val_loss"] = evals[-1][0], evals[-1][2]
         res["best_val_loss"] = min(va for _, _, va in evals)
@@ -329,35 +175,30 @@ def parse_nanogpt(lines: list[tuple[float, str]], eval_interval: int, skip_iters
 
 def parse_anytrain(run_dir: Path, lines: list[tuple[float, str]], skip_windows: int = 1) -> dict:
     """Figures from anytrain's metrics.jsonl and summary.json (see the module docstring)."""
-    metrics, summary = run_dir / "metrics.jsonl", run_dir / "summary.json"
-    if not metrics.exists():
-        return {"parse_error": f"{metrics} not found"}
-    recs = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    train = sorted((r for r in recs if r.get("kind") == "train"), key=lambda r: r["step"])
-    evals = [r for r in recs if r.get("kind") == "eval" and r.get("split") == "validation"]
+    if not (run_dir / "metrics.jsonl").exists():
+        return {"parse_error": f"{run_dir / 'metrics.jsonl'} not found"}
+    train, evals, s = read_run(run_dir)
     rates = [r["tokens_per_s"] for r in train[skip_windows:] if r.get("tokens_per_s")]
-    res: dict = {
-        "train_windows": len(train),
-        "steady_windows": len(rates),
-        "steady_tokens_per_s": statistics.median(rates) if rates else None,
-        "steady_tokens_per_s_p10_p90": quantiles(rates),
-        "final_train_loss_logged": train[-1]["loss"] if train else None,
-        "last_step": train[-1]["step"] if train else None,
-        "evals": [{"step": r.get("step"), "val_loss": r.get("loss")} for r in evals],
-    }
-    if summary.exists():
-        s = json.loads(summary.read_text())
+    res: dict = {"train_windows": len(train), "steady_windows": len(rates)}
+    res.update(
+        steady_tokens_per_s=toolkit.steady_tokens_per_s(train, skip_windows),
+        steady_tokens_per_s_p10_p90=quantiles(rates),
+    )
+    res.update(
+        final_train_loss_logged=train[-1]["loss"] if train else None, last_step=train[-1]["step"] if train else None
+    )
+    res["evals"] = [{"step": r.get("step"), "val_loss": r.get("loss")} for r in evals]
+    if s is None:
+        res["parse_error"] = f"{run_dir / 'summary.json'} not found"
+    else:
         for k in ("val_loss", "best_val_loss", "tokens_per_s", "wall_time_s", "first_step_s"):
             res[k if k != "tokens_per_s" else "run_tokens_per_s"] = s.get(k)
         res["threads"] = (s.get("scenario") or {}).get("cpu_threads_per_process")
-    else:
-        res["parse_error"] = f"{summary} not found"
     if res.get("threads") is None:  # accelerate says when it raised the thread count
         found = [int(m[1]) for _, text in lines if (m := ACCEL_THREADS_RE.search(text))]
         res["threads"] = found[-1] if found else None
-    if res.get("steady_ms_per_iter") is None and res["steady_tokens_per_s"]:
-        tokens = NANOGPT_RECIPE["batch_size"] * NANOGPT_RECIPE["block_size"]
-        res["steady_ms_per_iter"] = 1000 * tokens / res["steady_tokens_per_s"]  # same recipe: 768 tokens/step
+    if res["steady_tokens_per_s"]:
+        res["steady_ms_per_iter"] = 1000 * TOKENS / res["steady_tokens_per_s"]  # same recipe: 768 tokens/step
     return res
 
 
@@ -368,32 +209,29 @@ def quantiles(xs: list[float]) -> list[float] | None:
     return [q[0], q[-1]]
 
 
-# ----------------------------------------------------------------------------- report
-
-
 def fmt(x, spec: str = ".4f") -> str:
-    return "-" if x is None else format(x, spec)
+    return toolkit.fmt(x, spec, none="-")
 
 
 def summarize(runs: list[dict], rounds: int, modes: list[str]) -> dict:
-    def get(r: int, system: str, mode: str) -> dict | None:
-        return next((x for x in runs if (x["round"], x["system"], x["mode"]) == (r, system, mode)), None)
+    def get(r: int, system: str, mode: str) -> dict:
+        return next((x for x in runs if (x["round"], x["system"], x["mode"]) == (r, system, mode)), None) or {}
 
     out: dict = {"per_round": [], "overall": {}}
     for mode in modes:
         ratios, comp = [], {"nanogpt": [], "anytrain": []}
         for r in range(rounds):
-            ng, at = get(r, "nanogpt", mode), get(r, "anytrain", mode)
-            row = {"round": r, "mode": mode}
-            if ng and at and ng.get("steady_tokens_per_s") and at.get("steady_tokens_per_s"):
+            ng, at, row = get(r, "nanogpt", mode), get(r, "anytrain", mode), {"round": r, "mode": mode}
+            if ng.get("steady_tokens_per_s") and at.get("steady_tokens_per_s"):
                 row["ratio_anytrain_over_nanogpt"] = at["steady_tokens_per_s"] / ng["steady_tokens_per_s"]
                 ratios.append(row["ratio_anytrain_over_nanogpt"])
-            if mode == "compiled":
-                for system, key in (("nanogpt", "first_iter_s"), ("anytrain", "first_step_s")):
-                    c, e = get(r, system, "compiled"), get(r, system, "eager")
-                    if c and e and c.get(key) is not None and e.get(key) is not None:
-                        row[f"{system}_compile_overhead_s"] = c[key] - e[key]
-                        comp[system].append(c[key] - e[key])
+            for system, key in (
+                (("nanogpt", "first_iter_s"), ("anytrain", "first_step_s")) if mode == "compiled" else ()
+            ):
+                c, e = get(r, system, "compiled").get(key), get(r, system, "eager").get(key)
+                if c is not None and e is not None:
+                    row[f"{system}_compile_overhead_s"] = c - e
+                    comp[system].append(c - e)
             out["per_round"].append(row)
         agg: dict = {"ratio_anytrain_over_nanogpt_median": statistics.median(ratios) if ratios else None}
         for system in ("nanogpt", "anytrain"):
@@ -408,140 +246,145 @@ def summarize(runs: list[dict], rounds: int, modes: list[str]) -> dict:
 
 
 def table(runs: list[dict], summary: dict) -> str:
-    head = "| round | system | mode | val loss | steady tok/s | steady ms/iter | first iter s | wall s | threads | other load | status |"
-    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    rows = toolkit.md_head(*COLUMNS)
     for x in runs:
-        first = x.get("first_iter_s", x.get("first_step_s"))
-        status = "ok" if "error" not in x and "parse_error" not in x else (x.get("error") or x.get("parse_error")).splitlines()[0]
-        rows.append(
-            f"| {x['round']} | {x['system']} | {x['mode']} | {fmt(x.get('val_loss'))} | {fmt(x.get('steady_tokens_per_s'), ',.0f')} "
-            f"| {fmt(x.get('steady_ms_per_iter'), '.2f')} | {fmt(first, '.2f')} | {fmt(x.get('wall_s'), '.1f')} "
-            f"| {x.get('threads') if x.get('threads') is not None else '-'} | {fmt(x.get('other_load'), '.2f')} | {status} |"
-        )
+        first, threads = x.get("first_iter_s", x.get("first_step_s")), x.get("threads")
+        status = (x.get("error") or x.get("parse_error") or "ok").splitlines()[0]
+        what = f"{x['round']} | {x['system']} | {x['mode']} | {fmt(x.get('val_loss'))}"
+        speed = f"{fmt(x.get('steady_tokens_per_s'), ',.0f')} | {fmt(x.get('steady_ms_per_iter'), '.2f')}"
+        times = f"{fmt(first, '.2f')} | {fmt(x.get('wall_s'), '.1f')} | {threads if threads is not None else '-'}"
+        rows.append(f"| {what} | {speed} | {times} | {fmt(x.get('other_load'), '.2f')} | {status} |")
     lines = ["\n".join(rows), ""]
-    busy = [x for x in runs if (x.get("other_load") or 0) > 0.25]
-    if busy:
-        lines.append(f"- other work kept > 0.25 cores busy during {', '.join(x['name'] for x in busy)}: "
-                     "those timings are squeezed; compare rounds, or rerun on a quiet machine")
+    if busy := [x["name"] for x in runs if (x.get("other_load") or 0) > 0.25]:
+        squeezed = "those timings are squeezed; compare rounds, or rerun on a quiet machine"
+        lines.append(f"- other work kept > 0.25 cores busy during {', '.join(busy)}: {squeezed}")
     for row in summary["per_round"]:
         extra = "".join(f", {k} {v:.1f}" for k, v in row.items() if k.endswith("_compile_overhead_s"))
-        lines.append(f"- round {row['round']} {row['mode']}: anytrain/nanoGPT steady tokens/s = "
-                     f"{fmt(row.get('ratio_anytrain_over_nanogpt'), '.3f')}{extra}")
-    for mode, agg in summary["overall"].items():
-        lines.append(
-            f"- **{mode}, median over rounds**: ratio {fmt(agg['ratio_anytrain_over_nanogpt_median'], '.3f')}; "
-            f"nanoGPT {fmt(agg['nanogpt_steady_tokens_per_s_median'], ',.0f')} tok/s, val {fmt(agg['nanogpt_val_loss_median'])}, "
-            f"wall {fmt(agg['nanogpt_wall_s_median'], '.1f')} s; anytrain {fmt(agg['anytrain_steady_tokens_per_s_median'], ',.0f')} tok/s, "
-            f"val {fmt(agg['anytrain_val_loss_median'])}, wall {fmt(agg['anytrain_wall_s_median'], '.1f')} s"
-        )
+        ratio = fmt(row.get("ratio_anytrain_over_nanogpt"), ".3f")
+        lines.append(f"- round {row['round']} {row['mode']}: anytrain/nanoGPT steady tokens/s = {ratio}{extra}")
+    for mode, a in summary["overall"].items():
+        ng, at = (side(a, s) for s in ("nanogpt", "anytrain"))
+        ratio = fmt(a["ratio_anytrain_over_nanogpt_median"], ".3f")
+        lines.append(f"- **{mode}, median over rounds**: ratio {ratio}; nanoGPT {ng}; anytrain {at}")
     return "\n".join(lines) + "\n"
 
 
-# ----------------------------------------------------------------------------- main
+def side(agg: dict, system: str) -> str:
+    speed, val, wall = (agg[f"{system}_{k}_median"] for k in ("steady_tokens_per_s", "val_loss", "wall_s"))
+    return f"{fmt(speed, ',.0f')} tok/s, val {fmt(val)}, wall {fmt(wall, '.1f')} s"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Details: the module docstring of this file.")
-    p.add_argument("--nanogpt", required=True, type=Path, help="a checkout of karpathy/nanoGPT (its data/shakespeare_char gets prepared)")
-    p.add_argument("--rounds", type=int, default=1, help="rounds of interleaved runs (default: %(default)s)")
-    p.add_argument("--max-iters", type=int, default=2000, help="nanoGPT max_iters and lr_decay_iters, anytrain --max-steps (default: %(default)s)")
-    p.add_argument("--compile", action="store_true", help="also run both compiled (nanoGPT --compile=True, anytrain cpu_compile.yaml)")
-    p.add_argument("--systems", nargs="+", choices=("nanogpt", "anytrain"), default=["nanogpt", "anytrain"], help="which sides to run (default: both)")
-    p.add_argument("--out", type=Path, default=Path("bench_out/lm_vs_nanogpt"), help="output folder (default: %(default)s)")
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Tiny Shakespeare text for nanoGPT's prepare.py (default: %(default)s)")
-    p.add_argument("--python", default=str(DEFAULT_PY) if DEFAULT_PY.exists() else sys.executable, help="interpreter for both sides (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per run (default: 300 + 0.6 x max-iters)")
-    p.add_argument("--skip-iters", type=int, default=10, help="nanoGPT warm-up iterations left out of its steady median (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=0, help="set OMP_NUM_THREADS to this for both sides; 0 = leave it to torch/accelerate (default)")
+    defaults, details = argparse.ArgumentDefaultsHelpFormatter, "Details: the module docstring of this file."
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=defaults, epilog=details)
+    p.add_argument(
+        "--nanogpt", required=True, type=Path, help="a checkout of karpathy/nanoGPT (its data gets prepared)"
+    )
+    p.add_argument("--rounds", type=int, default=1, help="rounds of interleaved runs")
+    p.add_argument(
+        "--max-iters", type=int, default=2000, help="nanoGPT max_iters and lr_decay_iters, anytrain --max-steps"
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="also run both compiled (nanoGPT --compile=True, cpu_compile.yaml)"
+    )
+    p.add_argument(
+        "--systems", nargs="+", choices=("nanogpt", "anytrain"), default=["nanogpt", "anytrain"], help="sides"
+    )
+    p.add_argument("--out", type=Path, default=Path("bench_out/lm_vs_nanogpt"), help="output folder")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Tiny Shakespeare text for nanoGPT's prepare.py")
+    python = str(DEFAULT_PY) if DEFAULT_PY.exists() else sys.executable
+    p.add_argument("--python", default=python, help="interpreter for both sides")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per run (None: 300 + 0.6 x max-iters)")
+    p.add_argument(
+        "--skip-iters", type=int, default=10, help="nanoGPT warm-up iterations left out of its steady median"
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="OMP_NUM_THREADS for both sides; 0 = torch's/accelerate's choice"
+    )
     p.add_argument("--dry-run", action="store_true", help="prepare nothing, run nothing: print the commands")
     return p.parse_args(argv)
 
 
+def run_one(name: str, system: str, mode: str, args: argparse.Namespace, env: dict, meta: dict) -> dict:
+    """One run, its figures read: nanoGPT's from its printed lines, anytrain's from its run folder."""
+    run_dir, log_path = args.out / "runs" / name, args.out / "logs" / f"{name}.log"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd, cwd = command(system, args, mode, run_dir)
+    # a fresh inductor cache per run: every compiled run pays (and measures) a cold compile
+    cache = dict(env, TORCHINDUCTOR_CACHE_DIR=str(run_dir / "inductor_cache"))
+    with log_path.open("w") as log:
+        res, lines = run_process(cmd, log, env=cache, cwd=cwd, timeout=args.timeout)
+    shutil.rmtree(run_dir / "inductor_cache", ignore_errors=True)
+    rec = {"name": name, "system": system, "mode": mode, "cwd": str(cwd), **res, "log": str(log_path)}
+    if system == "nanogpt":
+        rec.update(parse_nanogpt(lines, nanogpt_eval_interval(args.max_iters), args.skip_iters))
+        rec["threads"] = meta["torch_probe"].get("threads")
+        (run_dir / "ckpt.pt").unlink(missing_ok=True)  # ~10 MB each; the figures are read
+    else:
+        rec.update(parse_anytrain(run_dir, lines))
+    status = (rec.get("error") or rec.get("parse_error") or "ok").splitlines()[0]
+    figures = f"steady {fmt(rec.get('steady_tokens_per_s'), ',.0f')} tok/s  val {fmt(rec.get('val_loss'))}"
+    load = f"other load {fmt(rec.get('other_load'), '.2f')}"
+    print(f"  {name:24s} wall {rec['wall_s']:7.1f} s  {figures}  {load}  {status}", flush=True)
+    for text in rec.get("error_tail", []):
+        print(f"      | {text}", flush=True)
+    return rec
+
+
+def metadata(args: argparse.Namespace, env: dict, modes: list[str]) -> dict:
+    meta = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node()}
+    meta.update(platform=platform.platform(), cpu_count=os.cpu_count(), python=args.python, nanogpt=str(args.nanogpt))
+    meta.update(max_iters=args.max_iters, rounds=args.rounds, modes=modes, systems=args.systems, timeout_s=args.timeout)
+    meta.update(skip_iters=args.skip_iters, nanogpt_eval_interval=nanogpt_eval_interval(args.max_iters))
+    meta.update(omp_num_threads=env.get("OMP_NUM_THREADS"), torch_probe=probe_torch(args.python, env))
+    if "nanogpt" in args.systems:
+        meta["nanogpt_data"] = prepare_nanogpt_data(args.nanogpt, args.data.resolve(), args.python, env)
+    return meta
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
-    nanogpt = args.nanogpt.resolve()
-    out = args.out.resolve()
-    timeout = args.timeout or 300 + 0.6 * args.max_iters
-    env = base_env(args.threads)
+    args.nanogpt, args.out = args.nanogpt.resolve(), args.out.resolve()
+    args.timeout = args.timeout or 300 + 0.6 * args.max_iters
+    env = run_env(args.threads, PYTHONUNBUFFERED="1")  # the same for both sides
     modes = ["eager", "compiled"] if args.compile else ["eager"]
     variants = [(s, m) for m in modes for s in ("nanogpt", "anytrain") if s in args.systems]
-    if not (nanogpt / "train.py").exists():
-        sys.exit(f"{nanogpt / 'train.py'} not found: --nanogpt must be a nanoGPT checkout")
-    if "=" in str(out):
-        sys.exit(f"--out {out}: nanoGPT's configurator splits --out_dir=... at '=', so the path must not contain one")
-
-    def plan(r: int) -> list[tuple[str, str]]:
-        k = r % len(variants)  # rotate the order per round
-        return variants[k:] + variants[:k]
-
+    if not (args.nanogpt / "train.py").exists():
+        sys.exit(f"{args.nanogpt / 'train.py'} not found: --nanogpt must be a nanoGPT checkout")
+    if "=" in str(args.out):
+        sys.exit(f"--out {args.out}: nanoGPT's configurator splits --out_dir=... at '=', so it must not contain one")
     if args.dry_run:
         for r in range(args.rounds):
-            for system, mode in plan(r):
-                d = out / "runs" / f"r{r}_{system}_{mode}"
-                cmd = (nanogpt_cmd if system == "nanogpt" else anytrain_cmd)(args.python, args.max_iters, mode == "compiled", d)
-                print(f"(cd {nanogpt if system == 'nanogpt' else ROOT} && {' '.join(cmd)})")
+            for system, mode in toolkit.rotated(variants, r):
+                cmd, cwd = command(system, args, mode, args.out / "runs" / f"r{r}_{system}_{mode}")
+                print(f"(cd {cwd} && {' '.join(cmd)})")
         return
-
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "started": datetime.datetime.now().isoformat(timespec="seconds"),
-        "host": platform.node(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-        "python": args.python, "nanogpt": str(nanogpt), "max_iters": args.max_iters, "rounds": args.rounds,
-        "modes": modes, "systems": args.systems, "timeout_s": timeout, "skip_iters": args.skip_iters,
-        "nanogpt_eval_interval": nanogpt_eval_interval(args.max_iters), "omp_num_threads": env.get("OMP_NUM_THREADS"),
-        "torch_probe": probe_torch(args.python, env),
-    }
-    if "nanogpt" in args.systems:
-        meta["nanogpt_data"] = prepare_nanogpt_data(nanogpt, args.data.resolve(), args.python, env)
-    print(f"torch {meta['torch_probe'].get('torch')}, {meta['torch_probe'].get('threads')} threads by default; "
-          f"{args.rounds} round(s) x {len(variants)} runs of {args.max_iters} iterations, timeout {timeout:.0f} s each", flush=True)
-
-    runs: list[dict] = []
-    result = {"meta": meta, "runs": runs}
-
-    def save() -> None:
-        result["summary"] = summarize(runs, args.rounds, modes)
-        (out / "lm_vs_nanogpt.json").write_text(json.dumps(result, indent=1))
-
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"meta": metadata(args, env, modes), "runs": []}
+    probe, timeout = result["meta"]["torch_probe"], f"timeout {args.timeout:.0f} s each"
+    runs = f"{args.rounds} round(s) x {len(variants)} runs of {args.max_iters} iterations, {timeout}"
+    print(f"torch {probe.get('torch')}, {probe.get('threads')} threads by default; {runs}", flush=True)
     for r in range(args.rounds):
-        for system, mode in plan(r):
-            name = f"r{r}_{system}_{mode}"
-            run_dir = out / "runs" / name
-            shutil.rmtree(run_dir, ignore_errors=True)
-            run_dir.mkdir(parents=True)
-            cmd = (nanogpt_cmd if system == "nanogpt" else anytrain_cmd)(args.python, args.max_iters, mode == "compiled", run_dir)
-            cwd = nanogpt if system == "nanogpt" else ROOT
-            rec = {"name": name, "round": r, "system": system, "mode": mode, "cmd": cmd, "cwd": str(cwd), "load1_before": os.getloadavg()[0]}
-            # a fresh inductor cache per run: every compiled run pays (and measures) a cold compile
-            run_env = dict(env, TORCHINDUCTOR_CACHE_DIR=str(run_dir / "inductor_cache"))
-            res = run_process(cmd, cwd, run_env, timeout, out / "logs" / f"{name}.log")
-            shutil.rmtree(run_dir / "inductor_cache", ignore_errors=True)
-            lines = res.pop("lines")
-            rec.update(res, load1_after=os.getloadavg()[0])
-            if system == "nanogpt":
-                rec.update(parse_nanogpt(lines, nanogpt_eval_interval(args.max_iters), args.skip_iters))
-                rec["threads"] = meta["torch_probe"].get("threads")
-                (run_dir / "ckpt.pt").unlink(missing_ok=True)  # ~10 MB each; the figures are read
-            else:
-                rec.update(parse_anytrain(run_dir, lines))
-            runs.append(rec)
-            save()
-            print(f"  {name:24s} wall {rec['wall_s']:7.1f} s  steady {fmt(rec.get('steady_tokens_per_s'), ',.0f')} tok/s  "
-                  f"val {fmt(rec.get('val_loss'))}  other load {fmt(rec.get('other_load'), '.2f')}  "
-                  f"{(rec.get('error') or rec.get('parse_error') or 'ok').splitlines()[0]}", flush=True)
-            for text in rec.get("error_tail", []):
-                print(f"      | {text}", flush=True)
-
-    threads = {x["system"]: x.get("threads") for x in runs if x.get("threads") is not None}
+        for system, mode in toolkit.rotated(variants, r):
+            rec = run_one(f"r{r}_{system}_{mode}", system, mode, args, env, result["meta"])
+            result["runs"].append({"round": r, **rec})
+            save(result, args)
+    threads = {x["system"]: x.get("threads") for x in result["runs"] if x.get("threads") is not None}
     if len(set(threads.values())) > 1:
         print(f"WARNING: the two sides ran with different thread counts {threads}; rerun with --threads N", flush=True)
         result["meta"]["thread_mismatch"] = threads
-    save()
-    md = table(runs, result["summary"])
-    (out / "lm_vs_nanogpt.md").write_text(md)
-    print()
-    print(md)
-    print(f"JSON: {out / 'lm_vs_nanogpt.json'}")
+    save(result, args)
+    md = table(result["runs"], result["summary"])
+    (args.out / "lm_vs_nanogpt.md").write_text(md)
+    print(f"\n{md}\nJSON: {args.out / 'lm_vs_nanogpt.json'}")
+
+
+def save(result: dict, args: argparse.Namespace) -> None:
+    """lm_vs_nanogpt.json, rewritten after every run: an interrupted benchmark keeps what it measured."""
+    result["summary"] = summarize(result["runs"], args.rounds, result["meta"]["modes"])
+    (args.out / "lm_vs_nanogpt.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -24,14 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+import toolkit
 import torch
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout without installing
-
-from anytrain import TrainConfig
-from anytrain.model_parallel import PipelinedTwoStageModel, TwoStageModel, count_params, pick_devices
-from anytrain.models import build_model
 
 # Sizes per device kind: a few seconds per variant on a 2-core CPU; big enough to keep a GPU busy.
 PRESETS = {
@@ -45,17 +40,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     def per_device(name: str) -> str:
         return "default per device: " + ", ".join(f"{kind} {preset[name]}" for kind, preset in PRESETS.items())
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="bench_out/model_parallel", help="folder for the JSON, table and plot (default: %(default)s)")
-    p.add_argument("--device", choices=("auto", "cpu"), default="auto", help="auto: the GPUs if any, else the CPU (default: %(default)s)")
-    p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="micro-batch counts (default: %(default)s)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--out", default="bench_out/model_parallel", help="folder for the JSON, table and plot")
+    p.add_argument("--device", choices=("auto", "cpu"), default="auto", help="auto: the GPUs if any, else the CPU")
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="micro-batch counts")
     p.add_argument("--width", type=int, help="hidden width (and input features) of the MLP; " + per_device("width"))
     p.add_argument("--layers", type=int, help="hidden layers; " + per_device("layers"))
     p.add_argument("--batch-size", type=int, help="samples per step; " + per_device("batch_size"))
-    p.add_argument("--steps", type=int, help="timed steps per variant per round, after one warm-up step; " + per_device("steps"))
+    p.add_argument(
+        "--steps", type=int, help="timed steps per variant per round, after a warm-up; " + per_device("steps")
+    )
     p.add_argument("--rounds", type=int, help="rounds (best, median and worst are reported); " + per_device("rounds"))
     p.add_argument("--threads", type=int, help="CPU threads for torch, 0 = torch's default; " + per_device("threads"))
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
     args = p.parse_args(argv)
     if any(m < 1 for m in args.micro_batches):
         p.error(f"--micro-batches must all be positive, got {args.micro_batches}")
@@ -88,100 +87,92 @@ def step_seconds(model: nn.Module, optimizer, inputs, targets, steps: int) -> fl
 def machine_info(first: torch.device, second: torch.device, why: str) -> dict:
     import accelerate
 
-    info = {
-        "date": datetime.date.today().isoformat(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "accelerate": accelerate.__version__,
-        "platform": platform.platform(),
-        "processor": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "stage_devices": [str(first), str(second)],
-        "placement_note": why,
-    }
+    info = {"date": datetime.date.today().isoformat(), "python": platform.python_version(), "torch": torch.__version__}
+    info.update(accelerate=accelerate.__version__, platform=platform.platform(), processor=toolkit.cpu_name())
+    info.update(cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads())
+    info.update(stage_devices=[str(first), str(second)], placement_note=why)
     if first.type == "cuda":
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         info["cuda"] = torch.version.cuda
     return info
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+def count_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    first, second, why = pick_devices(use_cpu=True if args.device == "cpu" else None)
-    preset = PRESETS[first.type]
-    for name, value in preset.items():
+    first, second, why = toolkit.stage_devices(use_cpu=True if args.device == "cpu" else None)
+    for name, value in PRESETS[first.type].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     if args.threads:
         torch.set_num_threads(args.threads)
     if max(args.micro_batches) > args.batch_size:
-        sys.exit(f"error: --micro-batches {max(args.micro_batches)} is more than the {args.batch_size} samples of a batch")
+        sys.exit(
+            f"error: --micro-batches {max(args.micro_batches)} is more than the {args.batch_size} samples of a batch"
+        )
 
     torch.manual_seed(args.seed)
-    cfg = TrainConfig(hidden_sizes=[args.width] * args.layers, dropout=0.0)
-    base = build_model(cfg, args.width, 10)  # the registry's MLP: Standardize, (Linear, ReLU) x layers, Linear
+    base = toolkit.mlp([args.width] * args.layers, args.width, 10)  # Standardize, (Linear, ReLU) x layers, Linear
     devices = (first, second) if args.device == "cpu" else None  # None: the module's own choice, with its note
-    variants: dict[str, nn.Module] = {"single": copy.deepcopy(base).to(first), "naive": TwoStageModel(copy.deepcopy(base), devices=devices)}
+    variants = {"single": copy.deepcopy(base).to(first), "naive": toolkit.two_stages(copy.deepcopy(base), devices)}
     for m in args.micro_batches:
-        variants[f"pipelined x{m}"] = PipelinedTwoStageModel(copy.deepcopy(base), micro_batches=m, devices=devices)
-    optimizers = {name: torch.optim.SGD(model.parameters(), lr=1e-3) for name, model in variants.items()}
-    inputs = torch.randn(args.batch_size, args.width, device=first)
-    targets = torch.randint(10, (args.batch_size,), device=second)
-    split = variants["naive"]
+        variants[f"pipelined x{m}"] = toolkit.two_stages(copy.deepcopy(base), devices, micro_batches=m)
     info = machine_info(first, second, why)
-    print(f"model: MLP {args.width} x {args.layers} hidden layers, {count_params(base):,} params, batch {args.batch_size}")
-    print(split.placement())
-    print(f"timing {len(variants)} variants x {args.rounds} rounds x {args.steps} steps; "
-          f"torch {info['torch']}, {info['torch_threads']} CPU thread(s)")
-
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    started = time.perf_counter()
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order every round
-            times[name].append(step_seconds(variants[name], optimizers[name], inputs, targets, args.steps))
-        print(f"  round {r + 1}/{args.rounds} done ({time.perf_counter() - started:.0f}s)")
-
-    single = min(times["single"])
-    rows = []
-    for name in names:
-        m = variants[name].micro_batches if isinstance(variants[name], PipelinedTwoStageModel) else None
-        best = min(times[name])
-        rows.append({
-            "variant": name,
-            "micro_batches": m,
-            "micro_batch_size": None if m is None else micro_batch_sizes(args.batch_size, m),
-            "ms_per_step": best * 1e3,  # best round
-            "ms_median": statistics.median(times[name]) * 1e3,
-            "ms_max": max(times[name]) * 1e3,
-            "time_vs_single": best / single,
-            "ms_rounds": [t * 1e3 for t in times[name]],
-            # two perfectly balanced stages on two devices, no copy cost: (M + 1) / (2 M) of single
-            "ideal_two_devices_vs_single": None if m is None else (m + 1) / (2 * m),
-        })
-    config = {k: getattr(args, k) for k in ("width", "layers", "batch_size", "steps", "rounds", "threads", "micro_batches", "seed")}
-    result = {"machine": info, "config": config, "params": count_params(base), "placement": split.placement(), "rows": rows}
-
+    size = f"MLP {args.width} x {args.layers} hidden layers, {count_params(base):,} params, batch {args.batch_size}"
+    print(f"model: {size}\n{variants['naive'].placement()}")
+    threads = f"torch {info['torch']}, {info['torch_threads']} CPU thread(s)"
+    print(f"timing {len(variants)} variants x {args.rounds} rounds x {args.steps} steps; {threads}")
+    times = timings(variants, args, first, second)
+    rows = [row(name, variants[name], t, min(times["single"]), args.batch_size) for name, t in times.items()]
+    config = {k: getattr(args, k) for k in "width layers batch_size steps rounds threads micro_batches seed".split()}
+    result = {
+        "machine": info,
+        "config": config,
+        "params": count_params(base),
+        "placement": variants["naive"].placement(),
+    }
+    result["rows"] = rows
     table = format_table(rows)
-    print()
-    print(table)
+    print(f"\n{table}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "model_parallel.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "model_parallel.md").write_text(table + "\n")
     plot(result, out / "model_parallel.png")
     print(f"\nwrote {out / 'model_parallel.json'}, {out / 'model_parallel.md'}, {out / 'model_parallel.png'}")
+
+
+def timings(variants: dict[str, nn.Module], args, first: torch.device, second: torch.device) -> dict[str, list[float]]:
+    """Seconds per step of each variant in each round, the order rotating every round."""
+    optimizers = {name: torch.optim.SGD(model.parameters(), lr=1e-3) for name, model in variants.items()}
+    inputs = torch.randn(args.batch_size, args.width, device=first)
+    targets = torch.randint(10, (args.batch_size,), device=second)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    started = time.perf_counter()
+    for r in range(args.rounds):
+        for name in toolkit.rotated(list(variants), r):
+            times[name].append(step_seconds(variants[name], optimizers[name], inputs, targets, args.steps))
+        print(f"  round {r + 1}/{args.rounds} done ({time.perf_counter() - started:.0f}s)")
+    return times
+
+
+def row(name: str, model: nn.Module, times: list[float], single: float, batch_size: int) -> dict:
+    m = getattr(model, "micro_batches", None) if name.startswith("pipelined") else None
+    return {
+        "variant": name,
+        "micro_batches": m,
+        "micro_batch_size": None if m is None else micro_batch_sizes(batch_size, m),
+        "ms_per_step": min(times) * 1e3,  # best round
+        "ms_median": statistics.median(times) * 1e3,
+        "ms_max": max(times) * 1e3,
+        "time_vs_single": min(times) / single,
+        "ms_rounds": [t * 1e3 for t in times],
+        # two perfectly balanced stages on two devices, no copy cost: (M + 1) / (2 M) of single
+        "ideal_two_devices_vs_single": None if m is None else (m + 1) / (2 * m),
+    }
 
 
 def micro_batch_sizes(batch_size: int, micro_batches: int) -> str:
@@ -217,16 +208,24 @@ def plot(result: dict, path: Path) -> None:
     ax.plot(ms, [r["ms_per_step"] for r in piped], "o-", label="pipelined (2 stages)")
     ax.axhline(rows["single"]["ms_per_step"], color="k", linestyle="--", label="single device")
     ax.axhline(rows["naive"]["ms_per_step"], color="tab:red", linestyle=":", label="naive split")
-    ax.plot(ms, [rows["single"]["ms_per_step"] * r["ideal_two_devices_vs_single"] for r in piped], color="tab:green", linestyle="-.",
-            label="ideal pipeline on 2 devices")
+    ax.plot(
+        ms,
+        [rows["single"]["ms_per_step"] * r["ideal_two_devices_vs_single"] for r in piped],
+        color="tab:green",
+        linestyle="-.",
+        label="ideal pipeline on 2 devices",
+    )
     ax.set_xscale("log", base=2)
     ax.set_xticks(ms, [str(m) for m in ms])
     ax.set_xlabel("micro-batches per batch")
     ax.set_ylabel("ms per training step (best round)")
     info, cfg = result["machine"], result["config"]
     where = " + ".join(dict.fromkeys(info["stage_devices"]))
-    ax.set_title(f"MLP {cfg['width']}x{cfg['layers']}, batch {cfg['batch_size']}, stages on {where}\n"
-                 f"torch {info['torch']}, {info.get('gpus', [info['processor']])[0]}, {info['date']}", fontsize=9)
+    ax.set_title(
+        f"MLP {cfg['width']}x{cfg['layers']}, batch {cfg['batch_size']}, stages on {where}\n"
+        f"torch {info['torch']}, {info.get('gpus', [info['processor']])[0]}, {info['date']}",
+        fontsize=9,
+    )
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     fig.tight_layout()

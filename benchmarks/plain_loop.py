@@ -23,17 +23,9 @@ import time
 
 T0 = time.perf_counter()
 
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout without installing
-
-import torch
-from torch import nn
-
-from anytrain.config import parse_config
-from anytrain.data import load_splits
-from anytrain.models import build_model
-from anytrain.optim import lr_factor
+import toolkit  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 
 def main(argv: list[str]) -> None:
@@ -41,26 +33,27 @@ def main(argv: list[str]) -> None:
     argv = [a for i, a in enumerate(argv) if a != "--json" and (i == 0 or argv[i - 1] != "--json")]
     if "--flush-denormal" in argv:
         torch.set_flush_denormal(True)
-    argv = [a for a in argv if a not in ("--no-progress", "--flush-denormal")]
-    cfg = parse_config(argv)
-    torch.manual_seed(cfg.seed)
-    data = load_splits(cfg)
-    x, y = data.train.inputs, data.train.targets
-    model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
+    cfg, x, y, model, lr_factor = toolkit.plain_job([a for a in argv if a not in ("--no-progress", "--flush-denormal")])
     # weight decay on matrices only, as the trainer does (anytrain.optim.param_groups)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    n, bs = len(y), cfg.batch_size
-    steps_per_epoch = math.ceil(n / bs)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    steps_per_epoch = math.ceil(len(y) / cfg.batch_size)
     total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg, total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps))
+    result = train(cfg, x, y, model, optimizer, scheduler, total_steps)
+    result.update(steps_per_epoch=steps_per_epoch, threads=torch.get_num_threads())
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+def train(cfg, x, y, model, optimizer, scheduler, total_steps) -> dict:
     criterion = nn.CrossEntropyLoss()
     shuffle = torch.Generator().manual_seed(cfg.seed)
-
     windows = []  # (last step of the window, samples, seconds), like the trainer's metrics.jsonl
     running = torch.zeros(())
-    step, window_samples, first_step_at = 0, 0, None
+    n, bs, step, window_samples, first_step_at = len(y), cfg.batch_size, 0, 0, None
     loop_start = window_start = time.perf_counter()
     model.train()
     while step < total_steps:
@@ -89,20 +82,15 @@ def main(argv: list[str]) -> None:
                 window_samples, window_start = 0, now
             if step >= total_steps:
                 break
-    train_seconds = time.perf_counter() - loop_start
-    result = {
+    return {
         "windows": windows,
         "steps": step,
-        "steps_per_epoch": steps_per_epoch,
-        "train_seconds": train_seconds,
+        "train_seconds": time.perf_counter() - loop_start,
         "samples_per_s": sum(w[1] for w in windows) / sum(w[2] for w in windows) if windows else None,
         "import_to_first_step_s": first_step_at - T0,
         "first_step_unix": first_step_unix,
-        "threads": torch.get_num_threads(),
         "last_loss": mean_loss if windows else None,
     }
-    with open(out, "w") as f:
-        json.dump(result, f)
 
 
 if __name__ == "__main__":

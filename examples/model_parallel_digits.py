@@ -22,10 +22,14 @@ from anytrain.model_parallel import train_model_parallel
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per batch for the pipelined run")
-    p.add_argument("--split-at", type=int, default=None, help="first layer of stage 2; default: balanced by parameter count")
+    p.add_argument(
+        "--split-at", type=int, default=None, help="first layer of stage 2; default: balanced by parameter count"
+    )
     p.add_argument("--hidden-sizes", type=int, nargs="+", default=[256, 256])
     args = p.parse_args()
 

@@ -1,7 +1,8 @@
 """Your own model through anytrain's loop: a factory in a file of yours, outside the package.
 
-anytrain calls `build(cfg, shape)` once, before training. `cfg` is the run's TrainConfig (your
-factory may read any option from it); `shape` (anytrain.DataShape) says what the inputs look like:
+anytrain calls `build(model, shape)` once, before training. `model` is the config's model section
+(anytrain.config.ModelConfig: --hidden-sizes, --dropout, ... as model.hidden_sizes, model.dropout);
+`shape` (anytrain.DataShape) says what the inputs look like:
 `shape.kind` is "tabular", "image" or "text", with the sizes that go with it. The module must
 map a batch of inputs to logits, here (batch, shape.num_classes).
 
@@ -29,15 +30,21 @@ class WideNet(nn.Module):
         std = shape.feature_std if shape.feature_std is not None else torch.ones(inputs)
         self.register_buffer("mean", mean.reshape(-1).clone() if shape.kind == "tabular" else torch.zeros(inputs))
         self.register_buffer("std", std.reshape(-1).clone() if shape.kind == "tabular" else torch.ones(inputs))
-        self.body = nn.Sequential(nn.Linear(inputs, width), nn.LayerNorm(width), nn.GELU(), nn.Dropout(dropout), nn.Linear(width, shape.num_classes))
+        self.body = nn.Sequential(
+            nn.Linear(inputs, width),
+            nn.LayerNorm(width),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(width, shape.num_classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body((x.flatten(1) - self.mean) / self.std)
 
 
-def build(cfg, shape) -> nn.Module:
-    """The factory anytrain calls: `--model examples/own_model.py:build`. Reads --dropout from the run's config."""
-    return WideNet(shape, dropout=cfg.dropout)
+def build(model, shape) -> nn.Module:
+    """The factory anytrain calls: `--model examples/own_model.py:build`. Reads --dropout from the model section."""
+    return WideNet(shape, dropout=model.dropout)
 
 
 if __name__ == "__main__":

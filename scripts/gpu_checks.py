@@ -44,7 +44,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(config: str, out_dir: Path, train_args: list[str], timeout: int) -> tuple[subprocess.CompletedProcess, float]:
+def launch(
+    config: str, out_dir: Path, train_args: list[str], timeout: int
+) -> tuple[subprocess.CompletedProcess, float]:
     cmd = [
         sys.executable,
         "-m",
@@ -72,20 +74,26 @@ def schedule_holds(run_dir: Path, summary: dict) -> tuple[bool, str]:
     from anytrain.optim import lr_factor
 
     cfg = TrainConfig(**yaml.safe_load((run_dir / "config.yaml").read_text()))
-    steps_per_epoch = math.ceil(math.ceil(summary["train_samples"] / cfg.batch_size) / cfg.grad_accum_steps)
-    total = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)
+    steps_per_epoch = math.ceil(math.ceil(summary["train_samples"] / cfg.optim.batch_size) / cfg.optim.grad_accum_steps)
+    total = min(cfg.optim.max_steps or math.inf, cfg.optim.epochs * steps_per_epoch)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for m in (r for r in records if r["kind"] == "train"):
-        expected = cfg.lr * lr_factor(m["step"] - m["skipped_steps"], cfg, total)
+        expected = cfg.optim.lr * lr_factor(m["step"] - m["skipped_steps"], cfg.optim, total)
         if not math.isclose(m["lr"], expected, rel_tol=1e-9, abs_tol=1e-15):
-            return False, f"step {m['step']}: lr {m['lr']} but the schedule at step {m['step'] - m['skipped_steps']} is {expected}"
+            return (
+                False,
+                f"step {m['step']}: lr {m['lr']} but the schedule at step {m['step'] - m['skipped_steps']} is "
+                f"{expected}",
+            )
     return True, ""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--margin", type=float, default=0.02, help="largest allowed test-accuracy drop of fp16/bf16 below fp32")
+    parser.add_argument(
+        "--margin", type=float, default=0.02, help="largest allowed test-accuracy drop of fp16/bf16 below fp32"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu_checks")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per launched run")
     parser.add_argument("--skip-pytest", action="store_true", help="do not run `pytest -m gpu tests/test_parity.py`")
@@ -97,7 +105,10 @@ def main() -> int:
     if not torch.cuda.is_available() and not args.cpu_dry_run:
         print("gpu_checks: no CUDA device here; run this on a GPU machine (or --cpu-dry-run to exercise the script)")
         return 2
-    print(f"gpu_checks: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU (dry run)'}, torch {torch.__version__}")
+    print(
+        f"gpu_checks: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU (dry run)'}, torch "
+        f"{torch.__version__}"
+    )
 
     train_args = ["--epochs", str(args.epochs), "--log-every-steps", "1"]
     results, failures = {}, []
@@ -115,13 +126,17 @@ def main() -> int:
         expected_precision = {"no": "fp32"}.get(requested, requested)
         if scenario["mixed_precision"] != expected_precision or scenario["warnings"]:
             failures.append(
-                f"{name}: effective precision {scenario['mixed_precision']} (asked {requested}); warnings {scenario['warnings']}"
+                f"{name}: effective precision {scenario['mixed_precision']} (asked {requested}); warnings "
+                f"{scenario['warnings']}"
             )
         ok, why = schedule_holds(run_dir, summary)
         if not ok:
             failures.append(f"{name}: the LR schedule advanced on a skipped step: {why}")
 
-    header = f"{'run':<6}{'asked':<7}{'effective':<11}{'test acc':>9}{'vs fp32':>9}{'steps':>7}{'skipped':>9}{'samples/s':>11}{'wall s':>8}"
+    header = (
+        f"{'run':<6}{'asked':<7}{'effective':<11}{'test acc':>9}{'vs fp32':>9}{'steps':>7}{'skipped':>9}"
+        f"{'samples/s':>11}{'wall s':>8}"
+    )
     print(header)
     print("-" * len(header))
     base = results.get("fp32", ({}, 0))[0].get("test_accuracy")
@@ -139,7 +154,8 @@ def main() -> int:
         for name in ("fp16", "bf16"):
             if name in results and results[name][0]["test_accuracy"] < base - args.margin:
                 failures.append(
-                    f"{name}: test accuracy {results[name][0]['test_accuracy']:.4f} is more than {args.margin} below fp32's {base:.4f}"
+                    f"{name}: test accuracy {results[name][0]['test_accuracy']:.4f} is more than {args.margin} below "
+                    f"fp32's {base:.4f}"
                 )
 
     if not args.skip_pytest:
@@ -157,7 +173,9 @@ def main() -> int:
         if tests.returncode != 0:
             failures.append("pytest -m gpu tests/test_parity.py failed")
 
-    print("\n" + ("gpu_checks: all checks passed" if not failures else "gpu_checks: FAILED\n  " + "\n  ".join(failures)))
+    print(
+        "\n" + ("gpu_checks: all checks passed" if not failures else "gpu_checks: FAILED\n  " + "\n  ".join(failures))
+    )
     return 0 if not failures else 1
 
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -73,16 +74,51 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(config: str, *args: str, extra_launch: tuple[str, ...] = (), timeout: int = LAUNCH_TIMEOUT, env: dict | None = None) -> subprocess.CompletedProcess:
+def launch(
+    config: str, *args: str, extra_launch: tuple[str, ...] = (), timeout: int = LAUNCH_TIMEOUT, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """`accelerate launch --config_file accelerate_configs/<config> src/train.py <args>` with a timeout."""
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(CONFIGS / config),
-        "--main_process_port", str(free_port()),
-        *extra_launch, str(TRAIN), "--no-progress", "--no-plot", *args,
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(CONFIGS / config),
+        "--main_process_port",
+        str(free_port()),
+        *extra_launch,
+        str(TRAIN),
+        "--no-progress",
+        "--no-plot",
+        *args,
     ]
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=full_env)
+
+
+PINNED = ROOT / "tests" / "fingerprints.json"  # per environment; scripts/fingerprints.py pins its four jobs here too
+
+
+def check_fingerprint(name: str, run_dir: Path) -> None:
+    """The final weights of a run the suite makes anyway must keep their pinned fingerprint: a change
+    that alters training, however slightly, fails here. Bit-identical weights are expected only on the
+    same torch build, CPU kernels and core count, so pins are kept per environment; where none is
+    recorded the check says so and passes. ANYTRAIN_RECORD_FINGERPRINTS=1 records instead of checking."""
+    from safetensors.torch import load_file
+
+    from anytrain.outputs import fingerprint_environment, weights_fingerprint
+
+    found = weights_fingerprint(load_file(str(Path(run_dir) / "model.safetensors")))
+    env, pinned = fingerprint_environment(), json.loads(PINNED.read_text())
+    if os.environ.get("ANYTRAIN_RECORD_FINGERPRINTS"):
+        pinned.setdefault(env, {})[name] = found
+        PINNED.write_text(json.dumps(pinned, indent=1, sort_keys=True) + "\n")
+    elif name not in pinned.get(env, {}):
+        warnings.warn(
+            f"no pinned fingerprint for {name!r} on {env}: record with ANYTRAIN_RECORD_FINGERPRINTS=1", stacklevel=2
+        )
+    else:
+        assert found == pinned[env][name], f"the weights of {name!r} changed: {found}, pinned {pinned[env][name]}"
 
 
 def read_summary(run_dir: Path) -> dict:
@@ -104,10 +140,25 @@ def start_run(run_dir: Path, args: list[str], *extra: str, ranks: int = 1, env: 
     if ranks == 1:
         cmd = [sys.executable, str(TRAIN)]
     else:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "multi_cpu.yaml"),
-               "--main_process_port", str(free_port()), str(TRAIN)]
-    return subprocess.Popen([*cmd, "--no-plot", *args, "--output-dir", str(run_dir), *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env={**os.environ, **(env or {})})
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(CONFIGS / "multi_cpu.yaml"),
+            "--main_process_port",
+            str(free_port()),
+            str(TRAIN),
+        ]
+    return subprocess.Popen(
+        [*cmd, "--no-plot", *args, "--output-dir", str(run_dir), *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def finish_run(proc: subprocess.Popen, timeout: int = LAUNCH_TIMEOUT) -> tuple[int, str]:

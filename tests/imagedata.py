@@ -12,7 +12,9 @@ from PIL import Image
 DIGITS = Path(__file__).resolve().parents[1] / "src" / "anytrain" / "data" / "digits.parquet"
 
 
-def digit_images(size: int = 16, mode: str = "L", count: int | None = None, seed: int = 0) -> tuple[list[Image.Image], list[int]]:
+def digit_images(
+    size: int = 16, mode: str = "L", count: int | None = None, seed: int = 0
+) -> tuple[list[Image.Image], list[int]]:
     """The digits (values 0..16) scaled to 0..255 and resized to size x size; RGB ones get a random tint each."""
     import datasets
 
@@ -30,7 +32,9 @@ def digit_images(size: int = 16, mode: str = "L", count: int | None = None, seed
     return images, [int(v) for v in rows["label"]]
 
 
-def write_imagefolder(folder: Path, size: int = 16, mode: str = "L", count: int | None = None, sizes: tuple[int, ...] | None = None) -> Path:
+def write_imagefolder(
+    folder: Path, size: int = 16, mode: str = "L", count: int | None = None, sizes: tuple[int, ...] | None = None
+) -> Path:
     """folder/<label>/<i>.png; with `sizes`, image i is drawn at sizes[i % len(sizes)] (mixed sizes)."""
     images, labels = digit_images(size, mode, count)
     for i, (image, label) in enumerate(zip(images, labels)):
@@ -52,6 +56,8 @@ def write_image_parquet(path: Path, size: int = 16, mode: str = "L", count: int 
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
         blobs.append({"bytes": buffer.getvalue(), "path": None})
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=[str(d) for d in range(10)])})
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=[str(d) for d in range(10)])}
+    )
     datasets.Dataset.from_dict({"image": blobs, "label": labels}, features=features).to_parquet(str(path))
     return path

@@ -9,8 +9,8 @@ from conftest import max_abs_diff
 
 import anytrain
 from anytrain.cli import main
-from anytrain.data import load_splits
 from anytrain.config import TrainConfig
+from anytrain.data import load_splits
 
 FAST = {"epochs": 3, "hidden_sizes": [64], "progress": False}
 
@@ -41,7 +41,21 @@ def test_non_finite_values_are_found_in_the_chunked_pass(tmp_path, capsys):
     rows = {"x": [[0.0, 1.0]] * 50 + [[float("nan"), 0.0]] + [[1.0, 0.0]] * 49, "label": [0, 1] * 50}
     datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "nan.parquet"))
     with pytest.raises(SystemExit) as exc:
-        main(["--dataset", str(tmp_path / "nan.parquet"), "--max-in-memory-mb", "0", "--no-progress", "--output-dir", str(tmp_path / "run")])
+        main(
+            [
+                "--dataset",
+                str(tmp_path / "nan.parquet"),
+                "--max-in-memory-mb",
+                "0",
+                "--no-progress",
+                "--output-dir",
+                str(tmp_path / "run"),
+            ]
+        )
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("train.py: error: --dataset:") and "has NaN or infinite values" in err and len(err.splitlines()) == 1
+    assert (
+        err.startswith("train.py: error: --dataset:")
+        and "has NaN or infinite values" in err
+        and len(err.splitlines()) == 1
+    )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
+from pathlib import Path
 
 import pytest
+import yaml
 
 from anytrain.cli import main
-from anytrain.config import TrainConfig, build_parser, parse_config
+from anytrain.config import OPTIONS, SECTIONS, ConfigError, TrainConfig, build_parser, parse_config
 
 
 def run_cli_error(capsys, argv: list[str]) -> str:
@@ -21,23 +22,63 @@ def run_cli_error(capsys, argv: list[str]) -> str:
 
 def test_defaults_are_the_dataclass_defaults():
     assert parse_config([]) == TrainConfig()
+    assert {name: o.default for name, o in OPTIONS.items()} == {**TrainConfig().flat(), "task": "auto"}
+
+
+def test_every_option_lives_in_one_section_with_its_facts():
+    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run"]
+    assert len(OPTIONS) == 62 and {o.section for o in OPTIONS.values()} == set(SECTIONS)
+    cfg = TrainConfig(lr=0.05, model="cnn", hidden_sizes=[8], eval_every_steps=3, seed=7)
+    assert (cfg.optim.lr, cfg.model.name, cfg.model.hidden_sizes, cfg.eval.eval_every_steps, cfg.run.seed) == (
+        0.05,
+        "cnn",
+        [8],
+        3,
+        7,
+    )
+    # what may change on --resume is a fact of the option, not a list elsewhere
+    assert OPTIONS["epochs"].resumable and OPTIONS["output_dir"].resumable and not OPTIONS["lr"].resumable
+    with pytest.raises(ConfigError, match="config: unknown option 'learning_rate'"):
+        TrainConfig(learning_rate=0.1)
+
+
+def test_sectioned_and_flat_yaml_give_the_same_config(tmp_path):
+    flat, sectioned = tmp_path / "flat.yaml", tmp_path / "sectioned.yaml"
+    flat.write_text("dataset: shakespeare\nmodel: gpt\nn_layer: 2\nlr: 0.01\neval_every_steps: 5\noutput_dir: runs/x\n")
+    sectioned.write_text(
+        "data:\n  dataset: shakespeare\nmodel:\n  name: gpt\n  n_layer: 2\noptim:\n  lr: 0.01\n"
+        "eval:\n  eval_every_steps: 5\nrun:\n  output_dir: runs/x\n"
+    )
+    cfg = parse_config(["--config", str(sectioned)])
+    assert cfg == parse_config(["--config", str(flat)])
+    assert (cfg.model.name, cfg.model.n_layer, cfg.optim.lr, cfg.data.task) == ("gpt", 2, 0.01, "lm")
+    # the run folder's config.yaml is the sectioned form, and reads back as the same config
+    assert yaml.safe_load(yaml.safe_dump(cfg.to_dict()))["optim"]["lr"] == 0.01
+    assert parse_config(["--config", str(sectioned), "--lr", "0.5"]).optim.lr == 0.5  # a flag still wins
+
+
+def test_every_example_config_loads_unchanged():
+    examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        cfg = parse_config(["--config", str(path)])
+        assert cfg.data.task == "lm" and cfg.model.name == "gpt", path
 
 
 def test_yaml_file_then_flags_override(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("lr: 0.05\nbatch_size: 32\noptimizer: sgd\nhidden-sizes: [8, 4]\n")
     cfg = parse_config(["--config", str(path), "--batch-size", "16"])
-    assert cfg.lr == 0.05 and cfg.optimizer == "sgd" and cfg.hidden_sizes == [8, 4]
-    assert cfg.batch_size == 16  # the flag wins over the file
+    assert cfg.optim.lr == 0.05 and cfg.optim.optimizer == "sgd" and cfg.model.hidden_sizes == [8, 4]
+    assert cfg.optim.batch_size == 16  # the flag wins over the file
 
 
 def test_help_lists_every_option_with_its_default():
     text = build_parser().format_help()
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        assert flag in text, flag
+    for o in OPTIONS.values():
+        assert o.flag in text, o.flag
     assert "(default: 2e-3)" in text or "(default: 0.002)" in text
-    assert "--config" in text
+    assert "--config" in text and "optim options:" in text  # grouped by section
 
 
 @pytest.mark.parametrize(
@@ -70,8 +111,10 @@ def test_help_and_bad_flags_answer_without_importing_torch():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom anytrain.cli import main\ntry:\n    main(['--lr', '0'])\nexcept SystemExit as e:\n"
-            "    print('exit', e.code, 'torch imported:', 'torch' in sys.modules)")
+    code = (
+        "import sys\nfrom anytrain.cli import main\ntry:\n    main(['--lr', '0'])\nexcept SystemExit as e:\n"
+        "    print('exit', e.code, 'torch imported:', 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "--lr must be positive" in out.stderr
     assert out.stdout.strip() == "exit 2 torch imported: False"
@@ -84,6 +127,8 @@ def test_help_and_bad_flags_answer_without_importing_torch():
         ("batch_size: many\n", "option 'batch_size' must be int, got 'many'"),
         ("lr: true\n", "option 'lr' must be float"),
         ("optimizer: lion\n", "option 'optimizer' must be one of adamw, sgd"),
+        ("optim:\n  learning_rate: 0.1\n", "unknown option 'learning_rate' in section 'optim'"),
+        ("optim:\n  lr: fast\n", "option 'lr' must be float"),
         ("- just\n- a list\n", "must hold a mapping"),
         ("lr: [1, 2\n", "is not valid YAML"),
     ],
@@ -106,15 +151,23 @@ def test_the_anytrain_command_takes_train_as_an_optional_subcommand(capsys):
 
 
 def test_the_task_and_model_follow_the_data_unless_given():
-    assert (TrainConfig().task, TrainConfig().model) == ("classify", "auto")  # settled by the data: mlp for tables
-    assert (TrainConfig(dataset="shakespeare").task, TrainConfig(dataset="shakespeare").model) == ("lm", "gpt")
-    assert TrainConfig(dataset="book.TXT").task == "lm" and TrainConfig(model="gpt").task == "lm"
-    assert TrainConfig(dataset="digits", text_column="caption").task == "lm"
-    assert TrainConfig(dataset="shakespeare", task="classify").model == "auto"  # an explicit task wins
+    from anytrain.shape import DataShape
+    from anytrain.usermodel import model_name
+
+    assert TrainConfig().data.task == "classify" and TrainConfig(dataset="shakespeare").data.task == "lm"
+    assert TrainConfig(dataset="book.TXT").data.task == "lm" and TrainConfig(model="gpt").data.task == "lm"
+    assert TrainConfig(dataset="digits", text_column="caption").data.task == "lm"
+    assert TrainConfig(dataset="shakespeare", task="classify").data.task == "classify"  # an explicit task wins
+    # --model auto is one rule, by the kind of data: mlp for tables, resnet for images, gpt for text
+    auto = TrainConfig().model
+    assert [model_name(auto, DataShape(kind)) for kind in ("tabular", "image", "text")] == ["mlp", "resnet", "gpt"]
+    assert model_name(TrainConfig(model="cnn").model, DataShape("tabular")) == "cnn"
 
 
 def test_data_whose_training_rows_share_one_label_is_refused(capsys, tmp_path):
     (tmp_path / "one.csv").write_text("x,label\n" + "".join(f"{i},0\n" for i in range(40)))
-    err = run_cli_error(capsys, ["--dataset", str(tmp_path / "one.csv"), "--num-classes", "3", "--output-dir", str(tmp_path / "run")])
+    err = run_cli_error(
+        capsys, ["--dataset", str(tmp_path / "one.csv"), "--num-classes", "3", "--output-dir", str(tmp_path / "run")]
+    )
     assert "every training row of" in err and "has the same label (0)" in err
     assert not (tmp_path / "run").exists()

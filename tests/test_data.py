@@ -45,11 +45,13 @@ def test_local_files_in_every_format(tmp_path, fmt):
 def test_named_splits_are_used_and_columns_chosen(tmp_path):
     import datasets
 
-    dd = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict(_table(100)),
-        "validation": datasets.Dataset.from_dict(_table(30, seed=1)),
-        "test": datasets.Dataset.from_dict(_table(20, seed=2)),
-    })
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(_table(100)),
+            "validation": datasets.Dataset.from_dict(_table(30, seed=1)),
+            "test": datasets.Dataset.from_dict(_table(20, seed=2)),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     data = load_splits(TrainConfig(dataset=str(tmp_path / "dd"), label_column="y", input_columns=["b"]))
     assert (len(data.train), len(data.validation), len(data.test)) == (100, 30, 20)
@@ -72,7 +74,9 @@ def test_string_labels_map_to_sorted_class_ids(tmp_path):
 
 
 def test_synthetic_is_learnable_and_sized_by_options():
-    data = load_splits(TrainConfig(dataset="synthetic", synthetic_samples=1000, synthetic_features=12, synthetic_classes=4))
+    data = load_splits(
+        TrainConfig(dataset="synthetic", synthetic_samples=1000, synthetic_features=12, synthetic_classes=4)
+    )
     assert (data.num_features, data.num_classes) == (12, 4)
     assert len(data.train) + len(data.validation) + len(data.test) == 1000
     # nearest class mean on train already separates the classes well: there is signal to learn
@@ -137,7 +141,10 @@ def test_hub_name_goes_through_datasets_and_fails_clearly_offline():
 
 def test_list_columns_become_rows_of_features_and_ragged_lists_are_refused(tmp_path):
     # an image-shaped column (a 3 x 2 nested list per row) beside a scalar one, with string labels
-    rows = [{"image": [[i, i + 1], [i + 2, i + 3], [i + 4, i + 5]], "bias": -i, "label": "even" if i % 2 == 0 else "odd"} for i in range(40)]
+    rows = [
+        {"image": [[i, i + 1], [i + 2, i + 3], [i + 4, i + 5]], "bias": -i, "label": "even" if i % 2 == 0 else "odd"}
+        for i in range(40)
+    ]
     (tmp_path / "images.json").write_text("\n".join(json.dumps(r) for r in rows))
     data = load_splits(TrainConfig(dataset=str(tmp_path / "images.json")))
     assert data.num_features == 7 and data.num_classes == 2

@@ -23,7 +23,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, LAUNCH_TIMEOUT, ROOT, TRAIN, free_port, launch, max_abs_diff, read_metrics, read_summary
+from conftest import (
+    CONFIGS,
+    LAUNCH_TIMEOUT,
+    ROOT,
+    TRAIN,
+    check_fingerprint,
+    free_port,
+    launch,
+    max_abs_diff,
+    read_metrics,
+    read_summary,
+)
 
 from anytrain import TrainConfig, load_model
 from anytrain.trainer import train
@@ -39,7 +50,9 @@ DATA = {
     "val_fraction": 101.5 / N,
     "test_fraction": 103.5 / N,
 }  # floor(716 x f) = 101 and 103 rows
-COMMON = dict(DATA, hidden_sizes=[32], dropout=0.0, schedule="cosine", warmup_steps=4, max_grad_norm=1.0, log_every_steps=4)
+COMMON = dict(
+    DATA, hidden_sizes=[32], dropout=0.0, schedule="cosine", warmup_steps=4, max_grad_norm=1.0, log_every_steps=4
+)
 # SGD with early stopping: validation losses 0.977, 0.484, 0.478 -> no gain of 0.01 at epoch 2 -> stop there
 SGD = dict(COMMON, optimizer="sgd", lr=0.05, epochs=12, early_stopping_patience=1, early_stopping_min_delta=0.01)
 ADAMW = dict(COMMON, optimizer="adamw", lr=3e-3, epochs=3)
@@ -152,12 +165,15 @@ def test_two_ranks_equal_one_rank_with_twice_the_batch_sgd(two_ranks_sgd, one_ra
     assert scenario["warnings"] == []
     fingerprints = summary["weights_sha256_per_rank"]
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+    check_fingerprint("two_ranks_sgd", run_dir)
 
     reference, reference_dir = one_rank["sgd"]
     assert summary["optimizer_steps"] == reference["optimizer_steps"] == 48
     assert max_abs_diff(weights(run_dir), weights(reference_dir)) <= WEIGHT_TOL
     two, one = train_log(run_dir), train_log(reference_dir)
-    assert [(m["step"], m["lr"]) for m in two] == [(m["step"], m["lr"]) for m in one]  # the schedule counts optimizer steps
+    assert [(m["step"], m["lr"]) for m in two] == [
+        (m["step"], m["lr"]) for m in one
+    ]  # the schedule counts optimizer steps
     assert all(a["loss"] == pytest.approx(b["loss"], abs=1e-6) for a, b in zip(two, one))  # measured 1.2e-7
 
 
@@ -182,7 +198,7 @@ def test_evaluation_is_identical_on_one_and_two_ranks(two_ranks_sgd, one_rank):
     from accelerate import Accelerator
 
     from anytrain.data import load_splits, make_loader
-    from anytrain.trainer import evaluate
+    from anytrain.tasks import evaluate
 
     summary, run_dir, _ = two_ranks_sgd
     cfg = TrainConfig(**SGD, batch_size=16)
@@ -195,7 +211,7 @@ def test_evaluation_is_identical_on_one_and_two_ranks(two_ranks_sgd, one_rank):
     try:
         for split, key in (("validation", "val"), ("test", "test")):
             loader = accelerator.prepare(make_loader(getattr(data, split), cfg, shuffle=False))
-            single = evaluate(model, loader, accelerator)
+            single = evaluate(model, loader, accelerator.gather_for_metrics)
             assert single["samples"] == len(getattr(data, split))
             assert (single["loss"], single["accuracy"]) == (summary[f"{key}_loss"], summary[f"{key}_accuracy"])
     finally:
@@ -212,16 +228,32 @@ def test_two_ranks_with_accumulation_equal_one_rank_adamw(tmp_path, one_rank):
     Each optimizer step sees the same 32 rows (rank r's k-th micro-batch is rows 16k+8r .. 16k+8r+7)."""
     run_dir = tmp_path / "run"
     # Also with small all-reduce buckets (1 MB; 5 is the CPU default): bucketing changes when, not what, is summed.
-    out = launch("multi_cpu.yaml", *flags(ADAMW), "--batch-size", "8", "--grad-accum-steps", "2", "--ddp-bucket-mb", "1", "--output-dir", str(run_dir))
+    out = launch(
+        "multi_cpu.yaml",
+        *flags(ADAMW),
+        "--batch-size",
+        "8",
+        "--grad-accum-steps",
+        "2",
+        "--ddp-bucket-mb",
+        "1",
+        "--output-dir",
+        str(run_dir),
+    )
     assert_finished(out.returncode, out.stdout + out.stderr)
     summary = read_summary(run_dir)
-    assert summary["scenario"]["num_processes"] == 2 and summary["weights_sha256_per_rank"][0] == summary["weights_sha256_per_rank"][1]
+    assert (
+        summary["scenario"]["num_processes"] == 2
+        and summary["weights_sha256_per_rank"][0] == summary["weights_sha256_per_rank"][1]
+    )
     assert summary["scenario"]["gradient_all_reduce"] == "fp32" and "all-reduced in" not in out.stdout
     assert summary["scenario"]["ddp_bucket_mb"] == 1
     reference, reference_dir = one_rank["adamw"]
     assert summary["optimizer_steps"] == reference["optimizer_steps"] == 48
     assert max_abs_diff(weights(run_dir), weights(reference_dir)) <= WEIGHT_TOL
-    assert [(m["step"], m["lr"]) for m in train_log(run_dir)] == [(m["step"], m["lr"]) for m in train_log(reference_dir)]
+    assert [(m["step"], m["lr"]) for m in train_log(run_dir)] == [
+        (m["step"], m["lr"]) for m in train_log(reference_dir)
+    ]
     assert summary["test_accuracy"] == reference["test_accuracy"]
 
 
@@ -229,7 +261,9 @@ def test_an_fp16_all_reduce_is_opt_in_said_and_moves_the_weights_a_little(tmp_pa
     """--ddp-comm-hook fp16 rounds each gradient to fp16 for the all-reduce: the ranks still agree with
     each other, but no longer exactly with 1 rank x 32; the difference stays at fp16 rounding's scale."""
     run_dir = tmp_path / "run"
-    out = launch("multi_cpu.yaml", *flags(ADAMW), "--batch-size", "16", "--ddp-comm-hook", "fp16", "--output-dir", str(run_dir))
+    out = launch(
+        "multi_cpu.yaml", *flags(ADAMW), "--batch-size", "16", "--ddp-comm-hook", "fp16", "--output-dir", str(run_dir)
+    )
     assert_finished(out.returncode, out.stdout + out.stderr)
     assert "2 process(es)" in out.stdout and "gradients all-reduced in fp16" in out.stdout
     summary = read_summary(run_dir)
@@ -276,7 +310,13 @@ def multi_node_command(machine_rank: int, port: int, rdzv_timeout: int, run_dir:
 
 def start(cmd: list[str]) -> subprocess.Popen:
     return subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=os.environ.copy(), start_new_session=True
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=os.environ.copy(),
+        start_new_session=True,
     )
 
 
@@ -346,8 +386,20 @@ def test_a_config_from_accelerate_config_default_trains_unchanged(tmp_path, one_
 def wizard_multi_cpu(tmp_path_factory) -> tuple[dict, subprocess.CompletedProcess]:
     """The wizard's "multi-CPU" answer: distributed_type MULTI_CPU, num_processes 2, use_cpu true."""
     root = tmp_path_factory.mktemp("wizard_multi_cpu")
-    config = write_cluster_config(root / "wizard_multi_cpu.yaml", distributed_type="MULTI_CPU", num_processes=2, use_cpu=True)
-    out = launch(str(config), *flags(SGD), "--batch-size", "32", "--max-steps", "4", "--output-dir", str(root / "run"), timeout=120)
+    config = write_cluster_config(
+        root / "wizard_multi_cpu.yaml", distributed_type="MULTI_CPU", num_processes=2, use_cpu=True
+    )
+    out = launch(
+        str(config),
+        *flags(SGD),
+        "--batch-size",
+        "32",
+        "--max-steps",
+        "4",
+        "--output-dir",
+        str(root / "run"),
+        timeout=120,
+    )
     assert_finished(out.returncode, out.stdout + out.stderr)
     return read_summary(root / "run"), out
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from anytrain.config import ModelConfig
 from anytrain.gpt import GPT, build_gpt, generate
+from anytrain.shape import DataShape
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread is as fast and steadier
 
@@ -42,7 +43,11 @@ def test_sequence_longer_than_block_size_is_rejected():
 
 @pytest.mark.parametrize(
     ("overrides", "names"),
-    [({"n_embd": 10, "n_head": 3}, ("n_embd", "n_head")), ({"n_layer": 0}, ("n_layer",)), ({"vocab_size": -1}, ("vocab_size",))],
+    [
+        ({"n_embd": 10, "n_head": 3}, ("n_embd", "n_head")),
+        ({"n_layer": 0}, ("n_layer",)),
+        ({"vocab_size": -1}, ("vocab_size",)),
+    ],
 )
 def test_bad_sizes_are_rejected(overrides, names):
     with pytest.raises(ValueError) as err:
@@ -103,7 +108,8 @@ def test_gpt2_style_initialisation():
 
 def test_parameter_count_and_flops_by_hand():
     model = tiny_gpt(vocab_size=10, block_size=8, n_layer=2, n_head=2, n_embd=8)
-    # Per block: ln1 8 + qkv 8*24 + attn proj 8*8 + ln2 8 + fc 8*32 + mlp proj 32*8 = 8 + 192 + 64 + 8 + 256 + 256 = 784.
+    # Per block: ln1 8 + qkv 8*24 + attn proj 8*8 + ln2 8 + fc 8*32 + mlp proj 32*8
+    #   = 8 + 192 + 64 + 8 + 256 + 256 = 784.
     # Token embedding 10*8 = 80 (also the output layer), final LayerNorm 8, position embedding 8*8 = 64.
     without_pos = 80 + 2 * 784 + 8
     assert model.num_parameters() == without_pos == 1656
@@ -111,10 +117,16 @@ def test_parameter_count_and_flops_by_hand():
     assert model.flops_per_token() == 6 * 1656 + 12 * 2 * 8 * 8 == 11472
 
 
-def test_build_gpt_reads_the_config():
-    cfg = SimpleNamespace(block_size=12, n_layer=3, n_head=4, n_embd=24, dropout=0.1)
-    model = build_gpt(cfg, vocab_size=7)
-    assert (model.block_size, len(model.blocks), model.blocks[0].attn.n_head, model.tok_emb.weight.shape) == (12, 3, 4, (7, 24))
+def test_build_gpt_reads_the_model_section_and_the_shape():
+    model = build_gpt(
+        ModelConfig(n_layer=3, n_head=4, n_embd=24, dropout=0.1), DataShape("text", vocab_size=7, block_size=12)
+    )
+    assert (model.block_size, len(model.blocks), model.blocks[0].attn.n_head, model.tok_emb.weight.shape) == (
+        12,
+        3,
+        4,
+        (7, 24),
+    )
     assert model.drop.p == 0.1
 
 
@@ -129,16 +141,16 @@ def test_tiny_gpt_learns_a_repeated_string():
     g = torch.Generator().manual_seed(0)
     for _ in range(80):
         starts = torch.randint(0, len(data) - block - 1, (16,), generator=g).tolist()
-        x = torch.stack([data[s:s + block] for s in starts])
-        y = torch.stack([data[s + 1:s + block + 1] for s in starts])
+        x = torch.stack([data[s : s + block] for s in starts])
+        y = torch.stack([data[s + 1 : s + block + 1] for s in starts])
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()
         opt.step()
     model.eval()
     with torch.no_grad():
-        x = torch.stack([data[s:s + block] for s in range(len(data) - block)])
-        y = torch.stack([data[s + 1:s + block + 1] for s in range(len(data) - block)])
+        x = torch.stack([data[s : s + block] for s in range(len(data) - block)])
+        y = torch.stack([data[s + 1 : s + block + 1] for s in range(len(data) - block)])
         final = F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
     # Uniform guessing is ln(27) = 3.3; 80 steps reach about 0.07. Only the first characters of a window are ambiguous.
     assert final < 0.4, final

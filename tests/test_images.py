@@ -21,7 +21,6 @@ from anytrain.data import load_splits
 from anytrain.data.images import ImageRows, auto_image_workers
 from anytrain.predict import predict
 
-
 EXAMPLE = ROOT / "examples" / "own_model.py"
 
 
@@ -32,21 +31,47 @@ def gray(tmp_path_factory) -> Path:
 
 
 # A small ResNet (2 stages of 1 block, 19.7k parameters): ~5 s for 3 epochs on one thread.
-RESNET = {"model": "resnet", "channels": [16, 32], "blocks_per_stage": 1, "dropout": 0.0, "lr": 0.01, "weight_decay": 5e-4,
-          "epochs": 3, "progress": False}
+RESNET = {
+    "model": "resnet",
+    "channels": [16, 32],
+    "blocks_per_stage": 1,
+    "dropout": 0.0,
+    "lr": 0.01,
+    "weight_decay": 5e-4,
+    "epochs": 3,
+    "progress": False,
+}
 
 
-def test_an_imagefolder_trains_a_resnet_the_same_with_0_and_2_persistent_workers(tmp_path, gray, one_thread, monkeypatch):
+def test_an_imagefolder_trains_a_resnet_the_same_with_0_and_2_persistent_workers(
+    tmp_path, gray, one_thread, monkeypatch
+):
     epochs, real = [], ImageRows.set_epoch
-    monkeypatch.setattr(ImageRows, "set_epoch", lambda self, epoch: (self.split == "train" and epochs.append(epoch), real(self, epoch)))
+    monkeypatch.setattr(
+        ImageRows, "set_epoch", lambda self, epoch: (self.split == "train" and epochs.append(epoch), real(self, epoch))
+    )
     # workers kept alive across epochs still see each new epoch (it is in shared memory)
-    runs = {w: anytrain.train(RESNET, dataset=str(gray), augment=["crop"], num_workers=w, persistent_workers=w > 0, output_dir=str(tmp_path / f"w{w}"))
-            for w in (0, 2)}
+    runs = {
+        w: anytrain.train(
+            RESNET,
+            dataset=str(gray),
+            augment=["crop"],
+            num_workers=w,
+            persistent_workers=w > 0,
+            output_dir=str(tmp_path / f"w{w}"),
+        )
+        for w in (0, 2)
+    }
     s = runs[0]
     assert s["model"] == "resnet" and s["image_mode"] == "L" and s["image_size"] == 16 and s["augment"] == ["crop"]
     assert s["data_path"].startswith("arrow") and s["train_samples"] == 1797 - 179 - 359
     assert s["test_accuracy"] > 0.9, s["test_accuracy"]  # 3 epochs of crops
-    assert max_abs_diff(anytrain.load_model(tmp_path / "w0").state_dict(), anytrain.load_model(tmp_path / "w2").state_dict()) == 0.0
+    assert (
+        max_abs_diff(
+            anytrain.load_model(tmp_path / "w0").state_dict(), anytrain.load_model(tmp_path / "w2").state_dict()
+        )
+        == 0.0
+    )
     assert runs[2]["test_accuracy"] == s["test_accuracy"]
     changes = [e for i, e in enumerate(epochs) if i == 0 or e != epochs[i - 1]]
     assert changes == [0, 1, 2] * 2  # the dataset learns each epoch, so the augmentation changes with it
@@ -54,16 +79,36 @@ def test_an_imagefolder_trains_a_resnet_the_same_with_0_and_2_persistent_workers
 
 def test_rgb_images_of_mixed_sizes_are_resized_and_a_parquet_image_column_trains(tmp_path, one_thread):
     mixed = write_imagefolder(tmp_path / "rgb", size=16, mode="RGB", count=900, sizes=(12, 16, 20))
-    summary = anytrain.train(dataset=str(mixed), model="mlp", image_size=16, augment=[], hidden_sizes=[128], epochs=8, progress=False,
-                             output_dir=str(tmp_path / "rgb_run"))
+    summary = anytrain.train(
+        dataset=str(mixed),
+        model="mlp",
+        image_size=16,
+        augment=[],
+        hidden_sizes=[128],
+        epochs=8,
+        progress=False,
+        output_dir=str(tmp_path / "rgb_run"),
+    )
     assert summary["image_mode"] == "RGB" and summary["image_size"] == 16 and len(summary["image_mean"]) == 3
-    assert summary["num_workers"] == auto_image_workers() == (1 if len(os.sched_getaffinity(0)) > 1 else 0)  # auto: one thread computes, a worker decodes
+    assert (
+        summary["num_workers"] == auto_image_workers() == (1 if len(os.sched_getaffinity(0)) > 1 else 0)
+    )  # auto: one thread computes, a worker decodes
     assert summary["test_accuracy"] > 0.8, summary["test_accuracy"]  # measured 0.93
     table = write_image_parquet(tmp_path / "digits.parquet", size=8, mode="L", count=900)
-    summary = anytrain.train(dataset=str(table), model="cnn", channels=[16], augment=[], epochs=8, progress=False, output_dir=str(tmp_path / "pq_run"))
+    summary = anytrain.train(
+        dataset=str(table),
+        model="cnn",
+        channels=[16],
+        augment=[],
+        epochs=8,
+        progress=False,
+        output_dir=str(tmp_path / "pq_run"),
+    )
     assert summary["image_mode"] == "L" and summary["image_size"] == 8 and summary["model"] == "cnn"
     assert summary["test_accuracy"] > 0.8, summary["test_accuracy"]  # measured 0.96
-    rows = predict(str(tmp_path / "pq_run"), str(table))  # new images go through the run's own conversion and normalisation
+    rows = predict(
+        str(tmp_path / "pq_run"), str(table)
+    )  # new images go through the run's own conversion and normalisation
     assert len(rows) == 900 and rows[0]["class_name"] == str(rows[0]["class_id"])
     assert sum(r["class_id"] == r["label"] for r in rows) / len(rows) > 0.8
 
@@ -89,7 +134,11 @@ def test_augmentation_is_a_function_of_seed_epoch_and_index(gray):
     assert not torch.equal(first, other)  # a new epoch draws new crops and flips
     plain, _ = data.validation.__getitems__([0, 1])
     mean = data.look.mean.view(1, -1, 1, 1)
-    assert plain.shape == (2, 1, 16, 16) and abs(plain.mean().item()) < 1.0 and data.look.mean.item() == pytest.approx(mean.item())
+    assert (
+        plain.shape == (2, 1, 16, 16)
+        and abs(plain.mean().item()) < 1.0
+        and data.look.mean.item() == pytest.approx(mean.item())
+    )
 
 
 def test_an_image_that_cannot_be_decoded_is_named_in_one_line(tmp_path, capsys):
@@ -97,13 +146,33 @@ def test_an_image_that_cannot_be_decoded_is_named_in_one_line(tmp_path, capsys):
     write_imagefolder(root / "train", size=16, mode="L", count=300)
     write_imagefolder(root / "validation", size=16, mode="L", count=60)
     bad = root / "validation" / "3" / "bad.png"
-    bad.write_bytes(b"not a png at all")  # in the validation split: found by a loader worker, not by the statistics pass
+    bad.write_bytes(
+        b"not a png at all"
+    )  # in the validation split: found by a loader worker, not by the statistics pass
     with pytest.raises(SystemExit) as exc:
-        main(["--dataset", str(root), "--model", "mlp", "--hidden-sizes", "16", "--epochs", "1", "--num-workers", "2",
-              "--no-progress", "--no-plot", "--output-dir", str(tmp_path / "run")])
+        main(
+            [
+                "--dataset",
+                str(root),
+                "--model",
+                "mlp",
+                "--hidden-sizes",
+                "16",
+                "--epochs",
+                "1",
+                "--num-workers",
+                "2",
+                "--no-progress",
+                "--no-plot",
+                "--output-dir",
+                str(tmp_path / "run"),
+            ]
+        )
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"train.py: error: --dataset: cannot decode image {bad} (UnidentifiedImageError"), err
+    assert len(err.splitlines()) == 1 and err.startswith(
+        f"train.py: error: --dataset: cannot decode image {bad} (UnidentifiedImageError"
+    ), err
 
 
 @pytest.mark.launch
@@ -112,22 +181,67 @@ def test_the_example_model_on_augmented_images_trains_the_same_on_2_ranks_as_on_
     rank augments a sample as the single rank did, in every epoch (accelerate tells the dataset the epoch on one
     rank, not on several: the loop does it)."""
     # 449 test, 132 validation, 1,216 = 19 x 64 training images: no padded batch; no batch-norm statistics per rank
-    common = ["--dataset", str(gray), "--model", f"{EXAMPLE}:build", "--dropout", "0", "--augment", "crop", "flip",
-              "--epochs", "2", "--test-fraction", "0.25", "--val-fraction", "0.0735", "--num-workers", "0"]
+    common = [
+        "--dataset",
+        str(gray),
+        "--model",
+        f"{EXAMPLE}:build",
+        "--dropout",
+        "0",
+        "--augment",
+        "crop",
+        "flip",
+        "--epochs",
+        "2",
+        "--test-fraction",
+        "0.25",
+        "--val-fraction",
+        "0.0735",
+        "--num-workers",
+        "0",
+    ]
     one = launch("cpu.yaml", *common, "--batch-size", "64", "--output-dir", str(tmp_path / "one"))
     two = launch("multi_cpu.yaml", *common, "--batch-size", "32", "--output-dir", str(tmp_path / "two"))
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
     s1, s2 = read_summary(tmp_path / "one"), read_summary(tmp_path / "two")
-    assert s2["scenario"]["num_processes"] == 2 and len(set(s2["weights_sha256_per_rank"])) == 1 and s1["model"] == f"{EXAMPLE}:build"
+    assert (
+        s2["scenario"]["num_processes"] == 2
+        and len(set(s2["weights_sha256_per_rank"])) == 1
+        and s1["model"] == f"{EXAMPLE}:build"
+    )
     assert s1["test_accuracy"] > 0.8, s1["test_accuracy"]  # 2 epochs of crops and flips (measured 0.93)
-    diff = max_abs_diff(anytrain.load_model(tmp_path / "one").state_dict(), anytrain.load_model(tmp_path / "two").state_dict())
+    diff = max_abs_diff(
+        anytrain.load_model(tmp_path / "one").state_dict(), anytrain.load_model(tmp_path / "two").state_dict()
+    )
     assert diff < 1e-5, diff
 
 
 @pytest.mark.launch
 def test_a_kill_and_resume_with_workers_and_augmentation_is_bit_identical(tmp_path, gray):
-    args = ["--dataset", str(gray), "--model", "mlp", "--hidden-sizes", "256", "--dropout", "0.2", "--augment", "crop", "flip",
-            "--num-workers", "2", "--batch-size", "32", "--epochs", "2", "--checkpoint-every-steps", "9", "--log-every-steps", "1", "--no-progress"]
+    args = [
+        "--dataset",
+        str(gray),
+        "--model",
+        "mlp",
+        "--hidden-sizes",
+        "256",
+        "--dropout",
+        "0.2",
+        "--augment",
+        "crop",
+        "flip",
+        "--num-workers",
+        "2",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "2",
+        "--checkpoint-every-steps",
+        "9",
+        "--log-every-steps",
+        "1",
+        "--no-progress",
+    ]
     reference = start_run(tmp_path / "reference", args, env={"OMP_NUM_THREADS": "1"})
     victim = start_run(tmp_path / "victim", args, env={"OMP_NUM_THREADS": "1"})
     wait_for_step(tmp_path / "victim", 48, victim)  # epoch 1 of 2 (40 steps each), past its checkpoint at step 45
@@ -138,4 +252,10 @@ def test_a_kill_and_resume_with_workers_and_augmentation_is_bit_identical(tmp_pa
         code, err = finish_run(proc)
         assert code == 0, err[-3000:]
     assert read_summary(tmp_path / "victim")["resumed_from"].endswith("step-000045")
-    assert max_abs_diff(anytrain.load_model(tmp_path / "reference").state_dict(), anytrain.load_model(tmp_path / "victim").state_dict()) == 0.0
+    assert (
+        max_abs_diff(
+            anytrain.load_model(tmp_path / "reference").state_dict(),
+            anytrain.load_model(tmp_path / "victim").state_dict(),
+        )
+        == 0.0
+    )

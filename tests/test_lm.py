@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import max_abs_diff, read_metrics, read_summary
+from conftest import check_fingerprint, max_abs_diff, read_metrics, read_summary
 
 import anytrain.data.text as text_module
 from anytrain import TrainConfig, load_model
@@ -24,8 +24,18 @@ from anytrain.trainer import train
 SHAKESPEARE = SHAKESPEARE_PATH.read_text()
 # A tiny GPT: 300 steps take a few seconds on 2 cores.
 TINY_LM = {
-    "dataset": "shakespeare", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "batch_size": 16,
-    "lr": 3e-3, "warmup_steps": 10, "dropout": 0.0, "eval_windows": 200, "log_every_steps": 10, "progress": False,
+    "dataset": "shakespeare",
+    "n_layer": 2,
+    "n_head": 2,
+    "n_embd": 32,
+    "block_size": 32,
+    "batch_size": 16,
+    "lr": 3e-3,
+    "warmup_steps": 10,
+    "dropout": 0.0,
+    "eval_windows": 200,
+    "log_every_steps": 10,
+    "progress": False,
 }
 UNIGRAM_VAL_LOSS = 3.347  # cross-entropy of the training text's character frequencies on the validation text
 
@@ -85,7 +95,10 @@ def test_a_txt_file_a_folder_of_them_and_a_parquet_text_column_load_the_same_way
     single = load_text_splits(TrainConfig(dataset=str(tmp_path / "one.txt"), block_size=8))
     assert single.source.endswith("one.txt") and single.vocab.chars == "".join(sorted(set(text)))
     cut = int(len(text) * 0.9)
-    assert single.vocab.decode(single.train.tokens) == text[:cut] and single.vocab.decode(single.validation.tokens) == text[cut:]
+    assert (
+        single.vocab.decode(single.train.tokens) == text[:cut]
+        and single.vocab.decode(single.validation.tokens) == text[cut:]
+    )
     folder = tmp_path / "books"
     folder.mkdir()
     (folder / "b.txt").write_text("second book " * 30)
@@ -96,7 +109,7 @@ def test_a_txt_file_a_folder_of_them_and_a_parquet_text_column_load_the_same_way
     docs = ["hello world, " * 10, "goodbye moon. " * 10]
     pq.write_table(pa.table({"story": docs, "stars": [1, 2]}), tmp_path / "stories.parquet")
     cfg = TrainConfig(dataset=str(tmp_path / "stories.parquet"), text_column="story", block_size=8)
-    assert cfg.task == "lm" and cfg.model == "gpt"  # --text-column implies language modelling
+    assert cfg.data.task == "lm"  # --text-column implies language modelling
     table = load_text_splits(cfg)
     assert table.vocab.decode(np.concatenate([table.train.tokens, table.validation.tokens])) == "\n".join(docs)
 
@@ -118,7 +131,9 @@ def test_large_token_arrays_are_memory_mapped_from_a_cache_and_equal_the_in_memo
     monkeypatch.setattr(text_module, "token_cache_dir", lambda: tmp_path)
     mapped = load_text_splits(TrainConfig(dataset="shakespeare"))
     assert isinstance(mapped.train.tokens, np.memmap) and isinstance(mapped.validation.tokens, np.memmap)
-    assert np.array_equal(mapped.train.tokens, in_memory.train.tokens) and np.array_equal(mapped.validation.tokens, in_memory.validation.tokens)
+    assert np.array_equal(mapped.train.tokens, in_memory.train.tokens) and np.array_equal(
+        mapped.validation.tokens, in_memory.validation.tokens
+    )
     assert len(list(tmp_path.iterdir())) == 2  # one cache file per split, reused by the next load (and the other ranks)
     again = load_text_splits(TrainConfig(dataset="shakespeare"))
     assert np.array_equal(again.train.tokens, in_memory.train.tokens)
@@ -138,6 +153,7 @@ def test_vocab_round_trips_and_rejects_unknown_characters():
 
 def test_a_short_run_learns_more_than_character_frequencies(trained):
     run_dir, summary = trained
+    check_fingerprint("lm_tiny", run_dir)
     # ln(65) = 4.17 at the start; the unigram model of the training text scores 3.35 on validation
     assert summary["val_loss"] < 2.95 < UNIGRAM_VAL_LOSS  # measured 2.73
     assert summary["val_perplexity"] == pytest.approx(math.exp(summary["val_loss"]))
@@ -206,7 +222,11 @@ def test_gradient_accumulation_equals_the_bigger_batch_for_the_lm(tmp_path):
 
 
 def test_early_stopping_on_the_validation_loss(tmp_path):
-    summary = train(lm_config(tmp_path, max_steps=200, eval_every_steps=10, early_stopping_patience=2, early_stopping_min_delta=100.0))
+    summary = train(
+        lm_config(
+            tmp_path, max_steps=200, eval_every_steps=10, early_stopping_patience=2, early_stopping_min_delta=100.0
+        )
+    )
     assert summary["optimizer_steps"] == 30  # best at the first validation (step 10), two more without improvement
     assert summary["stopped_early_at_epoch"] == 0
 
@@ -230,7 +250,10 @@ def test_compile_without_a_cxx_compiler_says_so_in_one_line_and_runs_eager(tmp_p
     monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "INDUCTOR")  # what `accelerate launch` exports for cpu_compile.yaml
     monkeypatch.setenv("CXX", "/nonexistent/g++")
     summary = train(lm_config(tmp_path, max_steps=5, eval_windows=10))
-    warning = "torch.compile (inductor) was requested but TorchInductor on the CPU needs a C++ compiler and '/nonexistent/g++' was not found"
+    warning = (
+        "torch.compile (inductor) was requested but TorchInductor on the CPU needs a C++ compiler and "
+        "'/nonexistent/g++' was not found"
+    )
     assert summary["scenario"]["compile"] is None and any(warning in w for w in summary["scenario"]["warnings"])
     assert f"anytrain: WARNING: {warning}" in capsys.readouterr().out
 
@@ -270,8 +293,32 @@ def test_bad_text_input_is_one_line_naming_the_option_and_writes_nothing(tmp_pat
 def test_resuming_with_a_block_size_beyond_the_positional_table_is_refused(tmp_path, capsys):
     train(lm_config(tmp_path, max_steps=4, eval_windows=10))
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
-    args = ["--dataset", "shakespeare", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--batch-size", "16", "--lr", "3e-3",
-            "--warmup-steps", "10", "--dropout", "0", "--eval-windows", "10", "--max-steps", "8", "--output-dir", str(tmp_path / "run")]
+    args = [
+        "--dataset",
+        "shakespeare",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "32",
+        "--batch-size",
+        "16",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "10",
+        "--dropout",
+        "0",
+        "--eval-windows",
+        "10",
+        "--max-steps",
+        "8",
+        "--output-dir",
+        str(tmp_path / "run"),
+    ]
     err = run_cli_error(capsys, [*args, "--block-size", "64", "--resume"])
     assert "--block-size 64 is beyond the positional table of the model in" in err and "(32 positions)" in err
-    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before and read_summary(tmp_path / "run")["optimizer_steps"] == 4
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before and read_summary(tmp_path / "run")[
+        "optimizer_steps"
+    ] == 4

@@ -16,8 +16,10 @@ from anytrain import load_model
 
 pytestmark = pytest.mark.launch
 
-TINY = ["--dataset", "shakespeare", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--warmup-steps", "5",
-        "--eval-windows", "64", "--log-every-steps", "1"]
+TINY = (
+    "--dataset shakespeare --n-layer 2 --n-head 2 --n-embd 32 --block-size 32 --warmup-steps 5 --eval-windows 64 "
+    "--log-every-steps 1"
+).split()
 
 
 def train_losses(run_dir) -> list[float]:
@@ -25,7 +27,7 @@ def train_losses(run_dir) -> list[float]:
 
 
 def test_two_ranks_equal_one_rank_with_twice_the_batch(tmp_path):
-    common = [*TINY, "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0", "--dropout", "0", "--max-steps", "15", "--eval-every-steps", "5"]
+    common = [*TINY, *"--optimizer sgd --lr 0.1 --momentum 0 --dropout 0 --max-steps 15 --eval-every-steps 5".split()]
     two = launch("multi_cpu.yaml", *common, "--batch-size", "8", "--output-dir", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr[-2000:]
     one = launch("cpu.yaml", *common, "--batch-size", "16", "--output-dir", str(tmp_path / "one"))
@@ -43,8 +45,13 @@ def test_two_ranks_equal_one_rank_with_twice_the_batch(tmp_path):
 
 
 # Slow enough per step that a kill lands mid-run; dropout on, so the RNG states must be restored too.
-RESUMABLE = [*TINY, "--n-embd", "64", "--block-size", "64", "--batch-size", "16", "--dropout", "0.1", "--max-steps", "80",
-             "--eval-every-steps", "20", "--checkpoint-every-steps", "7", "--grad-accum-steps", "2", "--no-progress"]
+RESUMABLE = [
+    *TINY,
+    *(
+        "--n-embd 64 --block-size 64 --batch-size 16 --dropout 0.1 --max-steps 80 --eval-every-steps 20 "
+        "--checkpoint-every-steps 7 --grad-accum-steps 2 --no-progress"
+    ).split(),
+]
 
 
 def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
@@ -64,13 +71,23 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
     assert code == 0, err[-2000:]
     ref, res = load_model(tmp_path / "reference").state_dict(), load_model(tmp_path / "victim").state_dict()
     assert all(torch.equal(ref[k], res[k]) for k in ref), "weights differ"
-    assert [(m["step"], m["loss"]) for m in read_metrics(tmp_path / "reference")] == [(m["step"], m["loss"]) for m in read_metrics(tmp_path / "victim")]
+    assert [(m["step"], m["loss"]) for m in read_metrics(tmp_path / "reference")] == [
+        (m["step"], m["loss"]) for m in read_metrics(tmp_path / "victim")
+    ]
     assert read_summary(tmp_path / "victim")["resumed_from"] is not None
 
 
 def test_torch_compile_from_the_accelerate_config_matches_eager(tmp_path):
-    common = [*TINY, "--n-layer", "1", "--dropout", "0", "--batch-size", "8", "--max-steps", "20", "--eval-every-steps", "0"]
-    compiled = launch("cpu_compile.yaml", *common, "--output-dir", str(tmp_path / "compiled"), timeout=600)
+    common = [*TINY, *"--n-layer 1 --dropout 0 --batch-size 8 --max-steps 20 --eval-every-steps 0".split()]
+    cache = tmp_path / "inductor"  # where inductor writes the kernels it generates
+    compiled = launch(
+        "cpu_compile.yaml",
+        *common,
+        "--output-dir",
+        str(tmp_path / "compiled"),
+        timeout=600,
+        env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
+    )
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     assert "torch.compile (inductor)" in compiled.stdout
     eager = launch("cpu.yaml", *common, "--output-dir", str(tmp_path / "eager"))
@@ -83,5 +100,7 @@ def test_torch_compile_from_the_accelerate_config_matches_eager(tmp_path):
     # the saved weights are the model's, not torch.compile's wrapper's, and load like any run's
     diff = max_abs_diff(load_model(tmp_path / "compiled").state_dict(), load_model(tmp_path / "eager").state_dict())
     assert diff < 1e-4, diff  # measured 2.0e-6
-    # the compilation is in the first step, reported apart from the steady rate
-    assert sc["first_step_s"] > 5 * se["first_step_s"] and sc["tokens_per_s"] > 0
+    # inductor really compiled (it wrote kernels); the first step, which holds the compilation, is reported
+    # apart from the steady rate (no wall-clock comparison here: CI's machine is shared and noisy)
+    assert any(cache.rglob("*.py")), "inductor generated no kernel"
+    assert sc["first_step_s"] > 0 and se["first_step_s"] > 0 and sc["tokens_per_s"] > 0

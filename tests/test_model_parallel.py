@@ -21,8 +21,9 @@ from anytrain.model_parallel import (
     split_model,
     train_model_parallel,
 )
-from anytrain.models import build_model
+from anytrain.shape import DataShape
 from anytrain.trainer import train
+from anytrain.usermodel import make_model
 
 FEATURES, CLASSES, BATCH = 16, 5, 10  # BATCH = 10 does not divide evenly into 3, 4 or 7 micro-batches
 
@@ -32,9 +33,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is
 
 def small_model(kind: str) -> nn.Sequential:
     torch.manual_seed(0)
-    cfg = TrainConfig(model=kind, hidden_sizes=[24, 12], channels=[3], dropout=0.0)  # no dropout: outputs are deterministic
+    cfg = TrainConfig(
+        model=kind, hidden_sizes=[24, 12], channels=[3], dropout=0.0
+    )  # no dropout: outputs are deterministic
     mean, std = torch.randn(FEATURES), torch.rand(FEATURES) + 0.5  # a Standardize layer that does something
-    return build_model(cfg, FEATURES, CLASSES, mean, std)
+    return make_model(
+        cfg.model, DataShape("tabular", num_classes=CLASSES, num_features=FEATURES, feature_mean=mean, feature_std=std)
+    )
 
 
 def batch(n: int = BATCH):
@@ -52,12 +57,20 @@ def outputs_and_grads(model: nn.Module, inputs, targets):
 MLP_LAYERS, CNN_LAYERS = len(small_model("mlp")), len(small_model("cnn"))
 
 
-@pytest.mark.parametrize("micro_batches", [None, 1, 2, 3, 4, 7, BATCH], ids=lambda m: "naive" if m is None else f"mb{m}")
-@pytest.mark.parametrize("kind, split_at", [("mlp", s) for s in range(1, MLP_LAYERS)] + [("cnn", s) for s in range(1, CNN_LAYERS)])
+@pytest.mark.parametrize(
+    "micro_batches", [None, 1, 2, 3, 4, 7, BATCH], ids=lambda m: "naive" if m is None else f"mb{m}"
+)
+@pytest.mark.parametrize(
+    "kind, split_at", [("mlp", s) for s in range(1, MLP_LAYERS)] + [("cnn", s) for s in range(1, CNN_LAYERS)]
+)
 def test_split_outputs_and_gradients_equal_the_single_device_model(kind, split_at, micro_batches):
     reference = small_model(kind)
     model = copy.deepcopy(reference)
-    split = TwoStageModel(model, split_at) if micro_batches is None else PipelinedTwoStageModel(model, split_at, micro_batches)
+    split = (
+        TwoStageModel(model, split_at)
+        if micro_batches is None
+        else PipelinedTwoStageModel(model, split_at, micro_batches)
+    )
     inputs, targets = batch()
     ref_out, ref_grads = outputs_and_grads(reference, inputs, targets)
     out, grads = outputs_and_grads(split, inputs, targets)
@@ -79,8 +92,10 @@ def test_split_keeps_every_layer_once_in_order():
 
 
 def test_default_split_balances_parameters_and_placement_is_printed_plainly():
-    cfg = TrainConfig()  # digits MLP: Standardize, Linear(64, 256), ReLU, Dropout, Linear(256, 256), ReLU, Dropout, Linear(256, 10)
-    model = build_model(cfg, 64, 10)
+    cfg = (
+        TrainConfig()
+    )  # digits MLP: Standardize, Linear(64, 256), ReLU, Dropout, Linear(256, 256), ReLU, Dropout, Linear(256, 10)
+    model = make_model(cfg.model, DataShape("tabular", num_classes=10, num_features=64))
     assert balanced_split(list(model)) == 4  # 16,640 | 68,362 beats 82,432 | 2,570
     split = TwoStageModel(model)
     assert split.split_at == 4
@@ -91,7 +106,8 @@ def test_default_split_balances_parameters_and_placement_is_printed_plainly():
 
 
 @pytest.mark.parametrize(
-    "gpus, first, second", [(0, "cpu", "cpu"), (1, "cuda:0", "cuda:0"), (2, "cuda:0", "cuda:1"), (8, "cuda:0", "cuda:1")]
+    "gpus, first, second",
+    [(0, "cpu", "cpu"), (1, "cuda:0", "cuda:0"), (2, "cuda:0", "cuda:1"), (8, "cuda:0", "cuda:1")],
 )
 def test_device_choice_for_any_number_of_gpus(gpus, first, second):
     dev1, dev2, why = pick_devices(gpus, use_cpu=False)
@@ -127,7 +143,9 @@ def test_zero_micro_batches_is_a_clear_error(micro_batches):
 
 def test_more_micro_batches_than_samples_is_a_clear_error():
     split = PipelinedTwoStageModel(small_model("mlp"), micro_batches=BATCH + 1)
-    with pytest.raises(ConfigError, match=rf"--micro-batches {BATCH + 1} is more than the {BATCH} samples in this batch"):
+    with pytest.raises(
+        ConfigError, match=rf"--micro-batches {BATCH + 1} is more than the {BATCH} samples in this batch"
+    ):
         split(batch()[0])
 
 
@@ -141,9 +159,15 @@ def test_unknown_mode_is_a_clear_error():
     [
         (["--split-at", "99"], "model_parallel: error: --split-at 99 is out of range: the model has 8 layers (0-7)"),
         (["--micro-batches", "0"], "model_parallel: error: --micro-batches must be a positive integer, got 0"),
-        (["--micro-batches", "33"], "model_parallel: error: --micro-batches 33 is more than the 32 samples of a batch (--batch-size)"),
+        (
+            ["--micro-batches", "33"],
+            "model_parallel: error: --micro-batches 33 is more than the 32 samples of a batch (--batch-size)",
+        ),
         # digits: 1,259 / 179 / 359 samples in batches of 32, so the smallest batch (the test split's last) holds 7
-        (["--micro-batches", "8"], "model_parallel: error: --micro-batches 8 is more than the 7 samples of the smallest test batch"),
+        (
+            ["--micro-batches", "8"],
+            "model_parallel: error: --micro-batches 8 is more than the 7 samples of the smallest test batch",
+        ),
         (["--mode", "tensor"], "model_parallel: error: argument --mode: invalid choice: 'tensor'"),
         (["--epochs", "0"], "model_parallel: error: --epochs must be positive, got 0"),
     ],
@@ -159,7 +183,10 @@ def test_command_line_bad_options_exit_2_with_one_line(args, message, capsys):
 def test_command_line_trains_prints_placement_and_saves_loadable_weights(tmp_path, capsys):
     main(["--epochs", "1", "--hidden-sizes", "32", "--micro-batches", "3", "--output-dir", str(tmp_path)])
     out = capsys.readouterr().out
-    assert "model parallel, pipelined, 3 micro-batches: stage 1 (layers 0-3, 2,080 params) and stage 2 (layer 4, 330 params)" in out
+    assert (
+        "model parallel, pipelined, 3 micro-batches: stage 1 (layers 0-3, 2,080 params) and stage 2 (layer 4, 330 "
+        "params)" in out
+    )
     model = load_model(tmp_path)  # the unsplit model, as the trainer saves it
     assert isinstance(model, nn.Sequential) and model(torch.zeros(2, 64)).shape == (2, 10)
 

@@ -18,10 +18,10 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from anytrain import TrainConfig, load_model
 from anytrain.data import load_splits
-from anytrain.models import build_model
 from anytrain.optim import build_optimizer, build_scheduler, lr_factor
 from anytrain.tasks import Classification
 from anytrain.trainer import train
+from anytrain.usermodel import make_model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -32,44 +32,50 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def reference_loop(cfg: TrainConfig, *, train_loader_own_generator: bool = True) -> dict:
     """The training loop of the PyTorch tutorials, without accelerate, fed the trainer's samples in
     the trainer's order: epoch e visits `torch.randperm(n, generator=seed + e)` in batches of
-    cfg.batch_size, the last one partial. Validation runs at each epoch end, as in the trainer.
+    cfg.optim.batch_size, the last one partial. Validation runs at each epoch end, as in the trainer.
 
     `train_loader_own_generator=False` is the tutorial's `DataLoader(...)` without a generator: each
     epoch's iterator then draws its base seed from the global RNG, which dropout also uses."""
     torch.set_flush_denormal(True)  # as the trainer does on CPU (3x faster once values get tiny)
-    set_seed(cfg.seed)  # python, numpy and torch, as the trainer does before building the model
+    set_seed(cfg.run.seed)  # python, numpy and torch, as the trainer does before building the model
     data = load_splits(cfg)
-    model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
-    optimizer = build_optimizer(cfg, model)
+    model = make_model(cfg.model, data.shape())
+    optimizer = build_optimizer(cfg.optim, model)
     train_set = TensorDataset(data.train.inputs, data.train.targets)
-    val_loader = DataLoader(TensorDataset(data.validation.inputs, data.validation.targets), batch_size=cfg.batch_size)
+    val_loader = DataLoader(
+        TensorDataset(data.validation.inputs, data.validation.targets), batch_size=cfg.optim.batch_size
+    )
     n = len(train_set)
-    batches_per_epoch = math.ceil(n / cfg.batch_size)
-    total_steps = min(cfg.max_steps or math.inf, cfg.epochs * math.ceil(batches_per_epoch / cfg.grad_accum_steps))
-    scheduler = build_scheduler(cfg, optimizer, total_steps)
+    batches_per_epoch = math.ceil(n / cfg.optim.batch_size)
+    total_steps = min(
+        cfg.optim.max_steps or math.inf, cfg.optim.epochs * math.ceil(batches_per_epoch / cfg.optim.grad_accum_steps)
+    )
+    scheduler = build_scheduler(cfg.optim, optimizer, total_steps)
     criterion = nn.CrossEntropyLoss()
 
     step, window, logged, clipped = 0, [], [], 0
-    for epoch in range(cfg.epochs):
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed + epoch))
+    for epoch in range(cfg.optim.epochs):
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.run.seed + epoch))
         generator = torch.Generator() if train_loader_own_generator else None
-        train_loader = DataLoader(Subset(train_set, order.tolist()), batch_size=cfg.batch_size, generator=generator)
+        train_loader = DataLoader(
+            Subset(train_set, order.tolist()), batch_size=cfg.optim.batch_size, generator=generator
+        )
         model.train()
         for i, (inputs, targets) in enumerate(train_loader):
             outputs = model(inputs)
             loss = criterion(outputs, targets)
-            (loss / cfg.grad_accum_steps).backward()
+            (loss / cfg.optim.grad_accum_steps).backward()
             window.append(loss.detach())
-            if (i + 1) % cfg.grad_accum_steps and i + 1 < len(train_loader):
+            if (i + 1) % cfg.optim.grad_accum_steps and i + 1 < len(train_loader):
                 continue  # accumulate; the last, short cycle of an epoch still steps
-            if cfg.max_grad_norm:
-                norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                clipped += bool(norm > cfg.max_grad_norm)
+            if cfg.optim.max_grad_norm:
+                norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+                clipped += bool(norm > cfg.optim.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
             step += 1
-            if step % cfg.log_every_steps == 0:
+            if step % cfg.run.log_every_steps == 0:
                 mean = (torch.stack(window).float().sum() / len(window)).item()  # float32 sum / count
                 logged.append({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]})
                 window = []
@@ -146,7 +152,7 @@ def test_trainer_equals_the_tutorial_loop_bit_for_bit(tmp_path, optimizer, batch
             f"{name}: max abs diff {max_abs_diff({name: trained[name]}, {name: reference[name]})}"
         )
     assert train_log(tmp_path / "run") == ref["logged"]  # same float32 losses and the same LR, every log step
-    test = evaluate_plain(ref["model"], ref["data"].test.inputs, ref["data"].test.targets, cfg.batch_size)
+    test = evaluate_plain(ref["model"], ref["data"].test.inputs, ref["data"].test.targets, cfg.optim.batch_size)
     assert (summary["test_loss"], summary["test_accuracy"]) == (test["loss"], test["accuracy"])
 
 
@@ -230,7 +236,9 @@ TINY = {
 }
 
 
-def test_bf16_on_cpu_really_autocasts_and_reaches_the_fp32_accuracy(tmp_path, monkeypatch, linear_output_dtypes, capsys):
+def test_bf16_on_cpu_really_autocasts_and_reaches_the_fp32_accuracy(
+    tmp_path, monkeypatch, linear_output_dtypes, capsys
+):
     fp32 = train(TrainConfig(**TINY, output_dir=str(tmp_path / "fp32")))
     assert set(linear_output_dtypes) == {torch.float32}
     linear_output_dtypes.clear()
@@ -255,7 +263,10 @@ def test_fp16_requested_on_cpu_trains_in_fp32_and_says_so(tmp_path, monkeypatch,
     assert (scenario["mixed_precision"], scenario["mixed_precision_requested"]) == ("fp32", "fp16")
     assert scenario["warnings"] == ["fp16 was requested but is not available on cpu: training in fp32"]
     out = capsys.readouterr().out
-    assert "precision fp32" in out and "anytrain: WARNING: fp16 was requested but is not available on cpu: training in fp32" in out
+    assert (
+        "precision fp32" in out
+        and "anytrain: WARNING: fp16 was requested but is not available on cpu: training in fp32" in out
+    )
 
 
 # --------------------------------------------------------------------------- CUDA only
@@ -269,10 +280,18 @@ def test_fp16_skips_overflowing_steps_counts_them_and_holds_the_schedule(tmp_pat
     import accelerate.accelerator
 
     original = accelerate.accelerator.get_grad_scaler
-    monkeypatch.setattr(accelerate.accelerator, "get_grad_scaler", lambda *a, **k: original(*a, **{**k, "init_scale": 2.0**40}))
+    monkeypatch.setattr(
+        accelerate.accelerator, "get_grad_scaler", lambda *a, **k: original(*a, **{**k, "init_scale": 2.0**40})
+    )
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     cfg = TrainConfig(
-        epochs=4, max_steps=60, warmup_steps=10, schedule="cosine", log_every_steps=1, progress=False, output_dir=str(tmp_path / "run")
+        epochs=4,
+        max_steps=60,
+        warmup_steps=10,
+        schedule="cosine",
+        log_every_steps=1,
+        progress=False,
+        output_dir=str(tmp_path / "run"),
     )
     summary = train(cfg)
     assert summary["scenario"]["mixed_precision"] == "fp16" and summary["scenario"]["warnings"] == []
@@ -281,7 +300,9 @@ def test_fp16_skips_overflowing_steps_counts_them_and_holds_the_schedule(tmp_pat
     assert 5 <= skipped < 60 and log[-1]["skipped_steps"] == skipped
     assert [m["skipped_steps"] for m in log] == sorted(m["skipped_steps"] for m in log)
     for m in log:  # the LR after step s is the schedule's value at s - (steps skipped so far)
-        assert m["lr"] == pytest.approx(cfg.lr * lr_factor(m["step"] - m["skipped_steps"], cfg, 60), rel=1e-9)
+        assert m["lr"] == pytest.approx(
+            cfg.optim.lr * lr_factor(m["step"] - m["skipped_steps"], cfg.optim, 60), rel=1e-9
+        )
 
 
 @pytest.mark.gpu

@@ -31,8 +31,23 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         AcceleratorState._reset_state(True)
         train(TrainConfig(epochs=2, hidden_sizes=[16], progress=False, log_every_steps=5, output_dir=str(root / "clf")))
         AcceleratorState._reset_state(True)
-        train(TrainConfig(dataset="shakespeare", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=8, max_steps=30,
-                          eval_every_steps=10, eval_windows=20, dropout=0.0, log_every_steps=5, progress=False, output_dir=str(root / "lm")))
+        train(
+            TrainConfig(
+                dataset="shakespeare",
+                n_layer=1,
+                n_head=2,
+                n_embd=16,
+                block_size=16,
+                batch_size=8,
+                max_steps=30,
+                eval_every_steps=10,
+                eval_windows=20,
+                dropout=0.0,
+                log_every_steps=5,
+                progress=False,
+                output_dir=str(root / "lm"),
+            )
+        )
     finally:
         AcceleratorState._reset_state(True)
         torch.set_num_threads(threads)

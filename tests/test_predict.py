@@ -14,7 +14,10 @@ from anytrain.trainer import train
 
 def rows(n: int, offset: int = 0) -> str:
     # "big" when x + y > 50: learnable by a small MLP; z is noise
-    return "".join(f"{x},{y},{(x * 7) % 5},{'big' if x + y > 50 else 'small'}\n" for x, y in ((i % 50 + offset, (i * 3) % 50) for i in range(n)))
+    return "".join(
+        f"{x},{y},{(x * 7) % 5},{'big' if x + y > 50 else 'small'}\n"
+        for x, y in ((i % 50 + offset, (i * 3) % 50) for i in range(n))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +27,17 @@ def named_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("predict")
     (folder / "train.csv").write_text("x,y,z,size\n" + rows(600))
     AcceleratorState._reset_state(True)
-    summary = train(TrainConfig(dataset=str(folder / "train.csv"), label_column="size", epochs=25, hidden_sizes=[32], dropout=0.0,
-                                progress=False, output_dir=str(folder / "run")))
+    summary = train(
+        TrainConfig(
+            dataset=str(folder / "train.csv"),
+            label_column="size",
+            epochs=25,
+            hidden_sizes=[32],
+            dropout=0.0,
+            progress=False,
+            output_dir=str(folder / "run"),
+        )
+    )
     AcceleratorState._reset_state(True)
     return folder, summary
 
@@ -33,8 +45,12 @@ def named_run(tmp_path_factory):
 def test_predictions_name_the_class_and_match_the_labels(named_run, capsys):
     folder, summary = named_run
     assert summary["test_accuracy"] > 0.9
-    (folder / "new.csv").write_text("z,y,x,size\n" + "".join(",".join(r.split(",")[i] for i in (2, 1, 0, 3)) for r in rows(200, 1).splitlines(True)))
-    main(["predict", str(folder / "run"), "--dataset", str(folder / "new.csv"), "--output", str(folder / "preds.jsonl")])
+    (folder / "new.csv").write_text(
+        "z,y,x,size\n" + "".join(",".join(r.split(",")[i] for i in (2, 1, 0, 3)) for r in rows(200, 1).splitlines(True))
+    )
+    main(
+        ["predict", str(folder / "run"), "--dataset", str(folder / "new.csv"), "--output", str(folder / "preds.jsonl")]
+    )
     preds = [json.loads(line) for line in (folder / "preds.jsonl").read_text().splitlines()]
     assert len(preds) == 200 and [p["row"] for p in preds] == list(range(200))
     assert {p["class_name"] for p in preds} <= {"big", "small"} and all(0.5 <= p["probability"] <= 1 for p in preds)
@@ -57,7 +73,10 @@ def test_predicting_the_bundled_digits_with_a_digits_run(tmp_path, capsys):
     "make, expected",
     [
         (lambda folder: (folder / "bad.csv").write_text("x,w\n1,2\n"), "lacks the run's input columns y, z"),
-        (lambda folder: (folder / "bad.csv").write_text("x,y,z\n1,2,three\n"), "are not numeric like the training data's"),
+        (
+            lambda folder: (folder / "bad.csv").write_text("x,y,z\n1,2,three\n"),
+            "are not numeric like the training data's",
+        ),
     ],
 )
 def test_rows_that_do_not_match_the_run_are_one_line_and_exit_2(named_run, capsys, make, expected):
@@ -70,8 +89,20 @@ def test_rows_that_do_not_match_the_run_are_one_line_and_exit_2(named_run, capsy
 
 
 def test_a_language_model_run_points_to_sample(tmp_path, capsys):
-    train(TrainConfig(dataset="shakespeare", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=8, max_steps=3, eval_windows=5,
-                      progress=False, output_dir=str(tmp_path / "lm")))
+    train(
+        TrainConfig(
+            dataset="shakespeare",
+            n_layer=1,
+            n_head=2,
+            n_embd=16,
+            block_size=16,
+            batch_size=8,
+            max_steps=3,
+            eval_windows=5,
+            progress=False,
+            output_dir=str(tmp_path / "lm"),
+        )
+    )
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
         main(["predict", str(tmp_path / "lm"), "--dataset", str(DIGITS_PATH)])

@@ -20,8 +20,10 @@ from anytrain.cli import main
 from anytrain.trainer import train
 
 # Slow enough per step (a 256-wide MLP) that the first run is still going when the second comes.
-RUN = ["--dataset", "synthetic", "--synthetic-samples", "2600", "--hidden-sizes", "256", "256", "--dropout", "0.2",
-       "--batch-size", "16", "--epochs", "2", "--checkpoint-every-steps", "7", "--log-every-steps", "1", "--no-progress"]
+RUN = (
+    "--dataset synthetic --synthetic-samples 2600 --hidden-sizes 256 256 --dropout 0.2 --batch-size 16 --epochs 2 "
+    "--checkpoint-every-steps 7 --log-every-steps 1 --no-progress"
+).split()
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # two runs side by side on 2 cores
 
 
@@ -31,12 +33,20 @@ def test_a_second_launch_into_a_running_folder_is_refused_naming_the_holder(tmp_
     long_run = [*RUN, "--epochs", "200"]  # still training when the second launch comes; stopped by SIGTERM below
     first = start_run(run, long_run, env=ONE_THREAD)
     wait_for_step(run, 8, first)  # a checkpoint exists, so the second launch gets as far as the lock
-    second = subprocess.run([sys.executable, str(TRAIN), *long_run, "--output-dir", str(run), "--resume"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=240, env={**os.environ, **ONE_THREAD})
+    second = subprocess.run(
+        [sys.executable, str(TRAIN), *long_run, "--output-dir", str(run), "--resume"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, **ONE_THREAD},
+    )
     assert first.poll() is None, "the first run ended before the second launch"
     assert second.returncode == 2, second.stdout[-1000:]
     line = second.stderr.strip()
-    assert len(line.splitlines()) == 1 and f"--output-dir: {run} is in use by another run (pid {first.pid} on " in line, line
+    assert (
+        len(line.splitlines()) == 1 and f"--output-dir: {run} is in use by another run (pid {first.pid} on " in line
+    ), line
     # a 2-rank job is refused as a whole: its main process asks, both ranks stop
     job = launch("multi_cpu.yaml", *long_run, "--output-dir", str(run), "--resume", env=ONE_THREAD)
     assert job.returncode != 0 and f"is in use by another run (pid {first.pid} on " in job.stderr
@@ -68,10 +78,19 @@ def test_a_killed_run_with_a_torn_log_and_a_damaged_pointer_resumes_exactly(tmp_
     assert "dropped an incomplete line" in out and "resuming from the newest complete checkpoint" in out
     ref, res = load_model(tmp_path / "reference").state_dict(), load_model(victim_dir).state_dict()
     assert all(torch.equal(ref[k], res[k]) for k in ref), "weights differ"
-    assert [(m["step"], m["loss"]) for m in read_metrics(tmp_path / "reference")] == [(m["step"], m["loss"]) for m in read_metrics(victim_dir)]
+    assert [(m["step"], m["loss"]) for m in read_metrics(tmp_path / "reference")] == [
+        (m["step"], m["loss"]) for m in read_metrics(victim_dir)
+    ]
 
 
-FAST = {"dataset": "synthetic", "synthetic_samples": 400, "hidden_sizes": [16], "batch_size": 64, "epochs": 1, "progress": False}
+FAST = {
+    "dataset": "synthetic",
+    "synthetic_samples": 400,
+    "hidden_sizes": [16],
+    "batch_size": 64,
+    "epochs": 1,
+    "progress": False,
+}
 
 
 def flags(options: dict) -> list[str]:
@@ -99,7 +118,9 @@ def test_resuming_on_another_process_count_is_refused_both_ways(tmp_path, capsys
     with pytest.raises(SystemExit) as exc:
         main([*flags(FAST), "--no-progress", "--output-dir", str(tmp_path / "two"), "--resume", "--epochs", "2"])
     err = capsys.readouterr().err.strip()
-    assert exc.value.code == 2 and "was made by 2 process(es) and this launch has 1" in err and len(err.splitlines()) == 1
+    assert (
+        exc.value.code == 2 and "was made by 2 process(es) and this launch has 1" in err and len(err.splitlines()) == 1
+    )
 
 
 class RunsCode:
@@ -124,7 +145,18 @@ def test_checkpoints_hold_json_and_tensors_and_a_pickle_that_runs_code_is_refuse
 
     AcceleratorState._reset_state(True)
     with pytest.raises(SystemExit) as exc:
-        main([*flags(FAST), "--no-progress", "--output-dir", str(tmp_path / "run"), "--resume", str(checkpoint), "--epochs", "2"])
+        main(
+            [
+                *flags(FAST),
+                "--no-progress",
+                "--output-dir",
+                str(tmp_path / "run"),
+                "--resume",
+                str(checkpoint),
+                "--epochs",
+                "2",
+            ]
+        )
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and "random_states_0.pkl does not load as plain tensors without running code" in err, err
     assert not marker.exists()  # nothing ran
@@ -139,11 +171,19 @@ def test_a_file_size_limit_during_a_checkpoint_is_one_line_and_keeps_the_previou
     before = {p: p.read_bytes() for p in checkpoints.rglob("*") if p.is_file()}
     # a real `ulimit -f`: 200 KiB per file; the weights file of the next checkpoint (~340 KB) cannot be written
     cmd = " ".join([sys.executable, str(TRAIN), *short, "--epochs", "2", "--output-dir", str(run), "--resume"])
-    limited = subprocess.run(["bash", "-c", f"ulimit -f 200; exec {cmd}"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    limited = subprocess.run(
+        ["bash", "-c", f"ulimit -f 200; exec {cmd}"], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
     assert limited.returncode == 1
     line = limited.stderr.strip()
-    assert len(line.splitlines()) == 1 and "could not write checkpoint step-" in line and "The previous checkpoint and checkpoints/latest are intact" in line, line
-    assert {p: p.read_bytes() for p in checkpoints.rglob("*") if p.is_file()} == before  # nothing half-written left, nothing lost
+    assert (
+        len(line.splitlines()) == 1
+        and "could not write checkpoint step-" in line
+        and "The previous checkpoint and checkpoints/latest are intact" in line
+    ), line
+    assert {
+        p: p.read_bytes() for p in checkpoints.rglob("*") if p.is_file()
+    } == before  # nothing half-written left, nothing lost
     code, err = finish_run(start_run(run, short, "--epochs", "2", "--resume"))
     assert code == 0, err[-2000:]
     assert read_summary(run)["epochs_completed"] == 2
@@ -157,9 +197,28 @@ def test_a_stopped_rank_ends_the_job_with_a_clear_error_after_the_collective_tim
 
     run = tmp_path / "run"
     job = subprocess.Popen(
-        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_configs" / "multi_cpu.yaml"),
-         "--main_process_port", str(free_port()), str(TRAIN), *RUN, "--epochs", "200", "--collective-timeout", "8", "--output-dir", str(run)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ROOT / "accelerate_configs" / "multi_cpu.yaml"),
+            "--main_process_port",
+            str(free_port()),
+            str(TRAIN),
+            *RUN,
+            "--epochs",
+            "200",
+            "--collective-timeout",
+            "8",
+            "--output-dir",
+            str(run),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         wait_for_step(run, 10, job)
@@ -173,6 +232,7 @@ def test_a_stopped_rank_ends_the_job_with_a_clear_error_after_the_collective_tim
             os.killpg(job.pid, signal.SIGKILL)
     assert job.returncode != 0
     assert "train.py: error: rank 0 waited more than --collective-timeout 8 s for the other ranks" in err, err[-3000:]
-    # rank 0 gives up after 8 s; torchrun then stops the job (it gives the stopped rank 30 s to react to SIGTERM, then SIGKILLs it)
+    # rank 0 gives up after 8 s; torchrun then stops the job (it gives the stopped rank 30 s to react to SIGTERM, then
+    # SIGKILLs it)
     assert time.monotonic() - started < 8 + 60
     assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE

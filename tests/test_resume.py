@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import finish_run, read_metrics, read_summary, start_run, wait_for_step
+from conftest import check_fingerprint, finish_run, read_metrics, read_summary, start_run, wait_for_step
 
 from anytrain import TrainConfig, load_model
 from anytrain.trainer import NonFiniteLoss, train
@@ -20,8 +20,10 @@ from anytrain.trainer import NonFiniteLoss, train
 TIMEOUT = 240
 # Slow enough per step (a 256-wide MLP on 2 cores) that a kill lands mid-run; dropout on, so the
 # RNG state must be restored too; 3 epochs of 40 steps.
-RUN = ["--dataset", "synthetic", "--synthetic-samples", "2600", "--hidden-sizes", "256", "256", "--dropout", "0.2",
-       "--batch-size", "16", "--epochs", "3", "--checkpoint-every-steps", "7", "--log-every-steps", "1", "--no-progress"]
+RUN = (
+    "--dataset synthetic --synthetic-samples 2600 --hidden-sizes 256 256 --dropout 0.2 --batch-size 16 --epochs 3 "
+    "--checkpoint-every-steps 7 --log-every-steps 1 --no-progress"
+).split()
 
 
 def start(run_dir: Path, *extra: str, ranks: int = 1) -> subprocess.Popen:
@@ -60,6 +62,7 @@ def test_sigkill_at_a_random_step_then_resume_is_bit_identical(tmp_path, ranks, 
     ref_log, res_log = read_metrics(tmp_path / "reference"), read_metrics(tmp_path / "victim")
     assert [(m["step"], m["loss"]) for m in ref_log] == [(m["step"], m["loss"]) for m in res_log]
     assert read_summary(tmp_path / "victim")["resumed_from"].endswith(latest)
+    check_fingerprint(f"resumed_{ranks}x{accum}", tmp_path / "victim")
 
 
 @pytest.mark.launch
@@ -115,13 +118,27 @@ def test_resume_continues_training_after_more_epochs_are_asked_for(tmp_path):
     train(_cfg(tmp_path, "short", epochs=3, schedule="constant", log_every_steps=7, resume="latest"))
     train(_cfg(tmp_path, "long", epochs=3, schedule="constant", log_every_steps=7))
     assert_same_weights(tmp_path / "short", tmp_path / "long")
-    train_log = lambda name: [(m["step"], m["loss"]) for m in read_metrics(tmp_path / name) if m["kind"] == "train"]
+
+    def train_log(name):
+        return [(m["step"], m["loss"]) for m in read_metrics(tmp_path / name) if m["kind"] == "train"]
+
     assert train_log("short") == train_log("long")
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     with pytest.raises(NonFiniteLoss, match=r"non-finite .* at optimizer step \d+"):
-        train(_cfg(tmp_path, epochs=4, lr=1e6, max_grad_norm=0.0, optimizer="sgd", momentum=0.0, warmup_steps=0, schedule="constant"))
+        train(
+            _cfg(
+                tmp_path,
+                epochs=4,
+                lr=1e6,
+                max_grad_norm=0.0,
+                optimizer="sgd",
+                momentum=0.0,
+                warmup_steps=0,
+                schedule="constant",
+            )
+        )
     folder = tmp_path / "run" / "checkpoints"
     if (folder / "latest").exists():  # any checkpoint that was written holds finite weights
         from safetensors.torch import load_file
@@ -150,14 +167,26 @@ def test_bad_input_is_refused_and_touches_nothing(tmp_path, capsys):
     before = _snapshot(run)
     base = ["--output-dir", str(run), "--epochs", "1", "--hidden-sizes", "16", "--batch-size", "64", "--no-progress"]
     _refused(tmp_path, capsys, base + ["--lr", "0.1"], "holds a run with a different config (lr)")
-    _refused(tmp_path, capsys, base + ["--resume", "--hidden-sizes", "32"], "was made with a different config (hidden_sizes: [16] -> [32])")
+    _refused(
+        tmp_path,
+        capsys,
+        base + ["--resume", "--hidden-sizes", "32"],
+        "was made with a different config (hidden_sizes: [16] -> [32])",
+    )
     _refused(tmp_path, capsys, base + ["--resume", str(tmp_path / "nowhere")], "checkpoint folder not found")
-    _refused(tmp_path, capsys, ["--output-dir", str(tmp_path / "empty"), "--resume", "--no-progress"], "no checkpoint in")
+    _refused(
+        tmp_path, capsys, ["--output-dir", str(tmp_path / "empty"), "--resume", "--no-progress"], "no checkpoint in"
+    )
     _refused(tmp_path, capsys, base + ["--dataset", str(tmp_path / "gone.csv"), "--overwrite"], "file not found")
     (tmp_path / "nan.csv").write_text("x,label\n1,0\nnan,1\n" + "2,1\n3,0\n" * 20)
     _refused(tmp_path, capsys, base + ["--dataset", str(tmp_path / "nan.csv"), "--overwrite"], "NaN or infinite")
     (tmp_path / "a_file").write_text("")
-    _refused(tmp_path, capsys, ["--output-dir", str(tmp_path / "a_file" / "run"), "--no-progress"], "--output-dir: cannot write to")
+    _refused(
+        tmp_path,
+        capsys,
+        ["--output-dir", str(tmp_path / "a_file" / "run"), "--no-progress"],
+        "--output-dir: cannot write to",
+    )
     assert _snapshot(run) == before
     # a truncated checkpoint: refused with a clear line
     latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
@@ -173,7 +202,22 @@ def test_bad_input_is_refused_and_touches_nothing(tmp_path, capsys):
 def test_an_unfinished_run_is_not_restarted_by_accident(tmp_path, capsys):
     train(_cfg(tmp_path, epochs=1))
     (tmp_path / "run" / "summary.json").unlink()
-    _refused(tmp_path, capsys, ["--output-dir", str(tmp_path / "run"), "--epochs", "1", "--hidden-sizes", "16", "--batch-size", "64", "--no-progress"], "holds an unfinished run")
+    _refused(
+        tmp_path,
+        capsys,
+        [
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--epochs",
+            "1",
+            "--hidden-sizes",
+            "16",
+            "--batch-size",
+            "64",
+            "--no-progress",
+        ],
+        "holds an unfinished run",
+    )
     summary = train(_cfg(tmp_path, epochs=1, overwrite=True))  # asked for explicitly
     assert summary["resumed_from"] is None
 

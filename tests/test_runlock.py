@@ -20,7 +20,8 @@ from anytrain.runlock import RunLock
 SRC = Path(__file__).resolve().parents[1] / "src"
 TIMEOUT = 60  # seconds for any child process
 
-# Tries to take the lock once: exit 0 and "acquired <warning>" on success (then releases), exit 2 and the message on refusal.
+# Tries to take the lock once: exit 0 and "acquired <warning>" on success (then releases), exit 2 and the message on
+# refusal.
 TRY_ACQUIRE = """
 import sys
 from anytrain.config import ConfigError
@@ -49,7 +50,14 @@ def _env() -> dict[str, str]:
 
 
 def _try_acquire(run_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", TRY_ACQUIRE, str(run_dir)], check=False, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "-c", TRY_ACQUIRE, str(run_dir)],
+        check=False,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
 
 
 def _holder(run_dir: Path) -> dict | None:
@@ -72,7 +80,9 @@ def test_second_process_is_refused_until_release(tmp_path):
         assert refused.returncode == 2, refused.stderr
         message = refused.stderr.strip()
         assert "\n" not in message
-        assert message.startswith(f"--output-dir: {run_dir} is in use by another run (pid {os.getpid()} on {socket.gethostname()}, started ")
+        assert message.startswith(
+            f"--output-dir: {run_dir} is in use by another run (pid {os.getpid()} on {socket.gethostname()}, started "
+        )
         assert message.endswith("; wait for it to finish, or choose another --output-dir")
         assert _holder(run_dir)["pid"] == os.getpid()  # the refused process did not touch the file
     finally:
@@ -87,7 +97,13 @@ def test_second_process_is_refused_until_release(tmp_path):
 
 def test_lock_of_a_killed_run_is_taken_over(tmp_path):
     run_dir = tmp_path / "run"
-    child = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lock = RunLock(run_dir)
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -106,7 +122,10 @@ def test_lock_of_a_killed_run_is_taken_over(tmp_path):
 
         warning = lock.acquire()
         assert warning is not None and warning == lock.warning
-        assert warning.startswith(f"took over the lock of a run that ended without releasing it (pid {child.pid} on {socket.gethostname()}, started ")
+        assert warning.startswith(
+            f"took over the lock of a run that ended without releasing it (pid {child.pid} on {socket.gethostname()}, "
+            "started "
+        )
         assert _holder(run_dir)["pid"] == os.getpid()
     finally:
         if child.poll() is None:
@@ -121,8 +140,14 @@ def test_lock_of_a_killed_run_is_taken_over(tmp_path):
     ("content", "expected"),
     [
         ("", None),  # an empty file names no holder: taken over silently
-        ("{not json", "took over the lock of a run that ended without releasing it (holder unknown: the lock file is unreadable)"),
-        ('{"host": "h"}', "took over the lock of a run that ended without releasing it (holder unknown: the lock file is unreadable)"),
+        (
+            "{not json",
+            "took over the lock of a run that ended without releasing it (holder unknown: the lock file is unreadable)",
+        ),
+        (
+            '{"host": "h"}',
+            "took over the lock of a run that ended without releasing it (holder unknown: the lock file is unreadable)",
+        ),
     ],
 )
 def test_unheld_garbled_or_empty_lock_file_is_taken_over(tmp_path, content, expected):
@@ -142,7 +167,11 @@ def test_garbled_lock_file_of_a_live_holder_says_another_process(tmp_path):
         (tmp_path / ".lock").write_text("garbage")
         with pytest.raises(ConfigError) as refused:
             RunLock(tmp_path).acquire()
-        assert str(refused.value) == f"--output-dir: {tmp_path} is in use by another process; wait for it to finish, or choose another --output-dir"
+        assert (
+            str(refused.value)
+            == f"--output-dir: {tmp_path} is in use by another process; wait for it to finish, or choose another "
+            "--output-dir"
+        )
     finally:
         holder.release()
 

@@ -11,6 +11,8 @@ import time
 
 import job  # first: it notes the process's start
 
+# isort: split
+
 import datasets
 import numpy as np
 import torch
@@ -40,21 +42,48 @@ def main() -> None:
     files = {s: str(args.data / f"{s}.parquet") for s in job.ROWS}
     data = datasets.load_dataset("parquet", data_files=files).rename_column("label", "labels").with_format("torch")
     features = data["train"][:]["features"]  # the whole column as one tensor
-    model = Classifier(job.build_model(*job.feature_stats(features)))
+    model = Classifier(job.build_model(features))
     training_args = TrainingArguments(
-        output_dir=args.out, per_device_train_batch_size=job.BATCH, per_device_eval_batch_size=job.BATCH,
-        num_train_epochs=job.EPOCHS, learning_rate=job.LR, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=job.WEIGHT_DECAY, max_grad_norm=job.MAX_GRAD_NORM, optim="adamw_torch_fused",
-        eval_strategy="epoch", save_strategy="epoch", save_total_limit=2, logging_steps=job.LOG_EVERY,
-        report_to="none", disable_tqdm=True, use_cpu=True, seed=job.SEED, dataloader_num_workers=0,
+        output_dir=args.out,
+        per_device_train_batch_size=job.BATCH,
+        per_device_eval_batch_size=job.BATCH,
+        num_train_epochs=job.EPOCHS,
+        learning_rate=job.LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=job.WEIGHT_DECAY,
+        max_grad_norm=job.MAX_GRAD_NORM,
+        optim="adamw_torch_fused",
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        save_total_limit=2,
+        logging_steps=job.LOG_EVERY,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=job.SEED,
+        dataloader_num_workers=0,
     )
-    trainer = Trainer(model=model, args=training_args, train_dataset=data["train"], eval_dataset=data["validation"], compute_metrics=accuracy)
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=data["train"],
+        eval_dataset=data["validation"],
+        compute_metrics=accuracy,
+    )
     loop_start = time.perf_counter()
     trainer.train()
     loop_s = time.perf_counter() - loop_start
     val_acc = [r["eval_accuracy"] for r in trainer.state.log_history if "eval_accuracy" in r][-1]
     test = trainer.evaluate(data["test"], metric_key_prefix="test")
-    job.write_result(args.json, loop_start=loop_start, loop_s=loop_s, steps=trainer.state.global_step, val_accuracy=val_acc, test_accuracy=test["test_accuracy"])
+    job.write_result(
+        args.json,
+        loop_start=loop_start,
+        loop_s=loop_s,
+        steps=trainer.state.global_step,
+        val_accuracy=val_acc,
+        test_accuracy=test["test_accuracy"],
+    )
 
 
 if __name__ == "__main__":

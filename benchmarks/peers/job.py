@@ -15,29 +15,34 @@ This file imports only torch, numpy and pyarrow: the peers' scripts do not depen
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 T0 = time.perf_counter()  # the importing script's start, near enough (this is its first import)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES = 784, (1024, 1024), 10
 ROWS = {"train": 16000, "validation": 4000, "test": 4000}
 BATCH, EPOCHS, LR, WEIGHT_DECAY, MAX_GRAD_NORM, LOG_EVERY, SEED = 256, 5, 1e-3, 0.1, 1.0, 10, 42
 
 # The same job as anytrain options (src/train.py), for the anytrain side of the benchmark.
-ANYTRAIN_OPTIONS = [
-    "--hidden-sizes", *map(str, HIDDEN), "--dropout", "0", "--batch-size", str(BATCH), "--epochs", str(EPOCHS),
-    "--lr", str(LR), "--weight-decay", str(WEIGHT_DECAY), "--max-grad-norm", str(MAX_GRAD_NORM), "--schedule", "constant",
-    "--warmup-steps", "0", "--log-every-steps", str(LOG_EVERY), "--seed", str(SEED), "--num-classes", str(CLASSES),
-]
+ANYTRAIN_OPTIONS = ["--hidden-sizes", *map(str, HIDDEN), "--dropout", "0", "--batch-size", str(BATCH)]
+ANYTRAIN_OPTIONS += ["--epochs", str(EPOCHS), "--lr", str(LR), "--weight-decay", str(WEIGHT_DECAY)]
+ANYTRAIN_OPTIONS += ["--max-grad-norm", str(MAX_GRAD_NORM), "--schedule", "constant", "--warmup-steps", "0"]
+ANYTRAIN_OPTIONS += ["--log-every-steps", str(LOG_EVERY), "--seed", str(SEED), "--num-classes", str(CLASSES)]
 
 
-def arguments(out_help: str | None = None):
+def arguments(out_help: str | None = None) -> argparse.Namespace:
     """Every peer script's options: --data (the parquet folder), --json (its figures), and --out
     (its own run folder) when out_help says what goes there."""
-    import argparse
-
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True, type=Path)
     p.add_argument("--json", required=True)
@@ -48,74 +53,55 @@ def arguments(out_help: str | None = None):
 
 def write_data(folder: Path) -> Path:
     """train/validation/test.parquet: a 784-float 'features' list column and an int 'label'."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
-    centres = 0.15 * rng.standard_normal((CLASSES, FEATURES)).astype(np.float32)  # overlapping clusters: not solved in one epoch
+    centres = 0.15 * rng.standard_normal((CLASSES, FEATURES)).astype(np.float32)  # overlapping: not solved in 1 epoch
     for split, rows in ROWS.items():
-        path = folder / f"{split}.parquet"
-        if path.exists():
+        if (folder / f"{split}.parquet").exists():
             continue
         labels = rng.integers(0, CLASSES, rows)
         features = centres[labels] + 1.5 * rng.standard_normal((rows, FEATURES)).astype(np.float32)
         column = pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), FEATURES)
-        pq.write_table(pa.table({"features": column, "label": pa.array(labels, pa.int64())}), path)
+        pq.write_table(
+            pa.table({"features": column, "label": pa.array(labels, pa.int64())}), folder / f"{split}.parquet"
+        )
     return folder
 
 
-def read_split(folder: Path, split: str):
+def read_split(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(features float32 [rows, 784], labels int64) tensors of one split, read with pyarrow."""
-    import pyarrow.parquet as pq
-    import torch
-
     table = pq.read_table(folder / f"{split}.parquet")
     features = table["features"].combine_chunks().flatten().to_numpy().reshape(len(table), FEATURES)
     return torch.from_numpy(features.copy()), torch.from_numpy(table["label"].to_numpy().copy())
 
 
-def build_model(mean, std):
-    """Standardise, then Linear/ReLU layers: the module anytrain's --model mlp builds for this job."""
-    import torch
-    from torch import nn
+class Standardize(nn.Module):
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor):
+        super().__init__()
+        self.register_buffer("mean", mean.clone())
+        self.register_buffer("std", std.clone())
 
-    class Standardize(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.register_buffer("mean", mean.clone())
-            self.register_buffer("std", std.clone())
+    def forward(self, x):
+        return (x - self.mean) / self.std
 
-        def forward(self, x):
-            return (x - self.mean) / self.std
 
+def build_model(features: torch.Tensor) -> nn.Sequential:
+    """Standardise (with the training split's mean and std; a constant feature keeps std 1, as in anytrain),
+    then Linear/ReLU layers: the module anytrain's --model mlp builds for this job."""
+    std = features.std(0)
     torch.manual_seed(SEED)
-    layers, width = [Standardize()], FEATURES
+    layers, width = [Standardize(features.mean(0), torch.where(std > 0, std, torch.ones_like(std)))], FEATURES
     for hidden in HIDDEN:
         layers += [nn.Linear(width, hidden), nn.ReLU()]
         width = hidden
     return nn.Sequential(*layers, nn.Linear(width, CLASSES))
 
 
-def feature_stats(features):
-    """The training split's per-feature mean and std (a constant feature keeps std 1, as in anytrain)."""
-    import torch
-
-    std = features.std(0)
-    return features.mean(0), torch.where(std > 0, std, torch.ones_like(std))
-
-
-def param_groups(model):
+def optimizer(model: nn.Module) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    return [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": rest, "weight_decay": 0.0}]
-
-
-def optimizer(model):
-    import torch
-
-    return torch.optim.AdamW(param_groups(model), lr=LR, fused=True)
+    groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=LR, fused=True)
 
 
 def write_result(path: str, **figures) -> None:

@@ -11,6 +11,8 @@ import time
 
 import job  # first: it notes the process's start
 
+# isort: split
+
 import lightning as L
 import torch
 from torch import nn
@@ -49,20 +51,33 @@ def main() -> None:
     torch.set_flush_denormal(True)
     (x, y), (vx, vy), (tx, ty) = (job.read_split(args.data, s) for s in ("train", "validation", "test"))
     L.seed_everything(job.SEED, verbose=False)
-    model = Classifier(job.build_model(*job.feature_stats(x)))
+    model = Classifier(job.build_model(x))
     train = DataLoader(TensorDataset(x, y), batch_size=job.BATCH, shuffle=True)
     val = DataLoader(TensorDataset(vx, vy), batch_size=job.BATCH)
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_epochs=job.EPOCHS, gradient_clip_val=job.MAX_GRAD_NORM,
-        log_every_n_steps=job.LOG_EVERY, num_sanity_val_steps=0, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=args.out,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=job.EPOCHS,
+        gradient_clip_val=job.MAX_GRAD_NORM,
+        log_every_n_steps=job.LOG_EVERY,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=args.out,
     )
     loop_start = time.perf_counter()
     trainer.fit(model, train, val)
     loop_s = time.perf_counter() - loop_start
     val_acc = trainer.callback_metrics["val_accuracy"].item()
     test = trainer.test(model, DataLoader(TensorDataset(tx, ty), batch_size=job.BATCH), verbose=False)[0]
-    job.write_result(args.json, loop_start=loop_start, loop_s=loop_s, steps=trainer.global_step, val_accuracy=val_acc, test_accuracy=test["test_accuracy"])
+    job.write_result(
+        args.json,
+        loop_start=loop_start,
+        loop_s=loop_s,
+        steps=trainer.global_step,
+        val_accuracy=val_acc,
+        test_accuracy=test["test_accuracy"],
+    )
 
 
 if __name__ == "__main__":

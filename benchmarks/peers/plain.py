@@ -10,6 +10,8 @@ import time
 
 import job  # first: it notes the process's start
 
+# isort: split
+
 import torch
 from torch import nn
 
@@ -30,7 +32,7 @@ def main() -> None:
     args = job.arguments()
     torch.set_flush_denormal(True)  # as anytrain does on CPU: same arithmetic
     (x, y), (vx, vy), (tx, ty) = (job.read_split(args.data, s) for s in ("train", "validation", "test"))
-    model = job.build_model(*job.feature_stats(x))
+    model = job.build_model(x)
     optimizer = job.optimizer(model)
     criterion = nn.CrossEntropyLoss()
     shuffle = torch.Generator().manual_seed(job.SEED)
@@ -56,7 +58,15 @@ def main() -> None:
         print(f"epoch {epoch}: val_loss {val_loss:.4f}, val_accuracy {val_acc:.4f}", flush=True)
     loop_s = time.perf_counter() - loop_start
     _, test_acc = evaluate(model, tx, ty)
-    job.write_result(args.json, loop_start=loop_start, loop_s=loop_s, steps=step, val_accuracy=val_acc, test_accuracy=test_acc, last_loss=losses[-1])
+    job.write_result(
+        args.json,
+        loop_start=loop_start,
+        loop_s=loop_s,
+        steps=step,
+        val_accuracy=val_acc,
+        test_accuracy=test_acc,
+        last_loss=losses[-1],
+    )
 
 
 if __name__ == "__main__":

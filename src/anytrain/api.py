@@ -12,37 +12,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import FIELDS, ConfigError, TrainConfig, _coerce, load_yaml, validate
+from .config import ConfigError, TrainConfig, check_config, load_yaml, options_from
 from .usermodel import OBJECT
 
 
 def make_config(config=None, model=None, dataset=None, **options) -> TrainConfig:
-    """TrainConfig from a TrainConfig, a dict or a YAML file, then keyword options; checked like flags."""
+    """TrainConfig from a TrainConfig, a dict (flat or in sections) or a YAML file, then keyword
+    options; checked like flags."""
     if isinstance(config, TrainConfig):
-        values = config.to_dict()
+        values = config.flat()
     elif isinstance(config, (str, Path)):
         values = load_yaml(str(config))
     elif isinstance(config, dict) or config is None:
-        values = dict(config or {})
+        values = options_from(dict(config or {}), "config")
     else:
         raise ConfigError(f"config: expected a TrainConfig, a dict or a YAML file path, got {type(config).__name__}")
-    values.update(options)
-    for key in values:
-        if key not in FIELDS:
-            raise ConfigError(f"config: unknown option '{key}'")
-    values = {k: _coerce(k, v, "anytrain.train") for k, v in values.items()}
+    values.update(options_from(options, "config"))
     if model is not None:  # a name or factory path is recorded as given; an object by its type's name
-        values["model"] = model if isinstance(model, str) else OBJECT + getattr(model, "__qualname__", type(model).__qualname__)
+        values["model"] = (
+            model if isinstance(model, str) else OBJECT + getattr(model, "__qualname__", type(model).__qualname__)
+        )
     if dataset is not None:
         values["dataset"] = dataset if isinstance(dataset, str) else f"<{type(dataset).__name__} object>"
-    return validate(TrainConfig(**values))
+    return check_config(TrainConfig(**values))
 
 
 def train(config=None, *, model=None, dataset=None, **options) -> dict:
     """Train and return the run's summary (the contents of summary.json).
 
-    config: a TrainConfig, a dict of options or a YAML file; keyword options override it.
-    model: a registry name or "module:factory" string, an nn.Module, or a factory(cfg, shape) -> nn.Module.
+    config: a TrainConfig, a dict of options (flat or in sections) or a YAML file; keyword options override it.
+    model: a registry name or "module:factory" string, an nn.Module, or a factory(model, shape) -> nn.Module
+        (model: the config's model section, config.ModelConfig; shape: anytrain.DataShape).
     dataset: a name or path as --dataset takes, or a datasets.Dataset / DatasetDict.
     Bad input raises anytrain.config.ConfigError (a ValueError) with the same one-line message the
     command line prints.
@@ -53,8 +53,12 @@ def train(config=None, *, model=None, dataset=None, **options) -> dict:
     from .trainer import train as run
 
     cfg = make_config(config, model, dataset, **options)
-    given = Given(model=None if isinstance(model, str) else model, dataset=None if isinstance(dataset, str) else dataset)
+    given = Given(
+        model=None if isinstance(model, str) else model, dataset=None if isinstance(dataset, str) else dataset
+    )
     try:
         return run(cfg, given)
     finally:
-        AcceleratorState._reset_state(True)  # accelerate allows one Accelerator per process state: let a notebook train again
+        AcceleratorState._reset_state(
+            True
+        )  # accelerate allows one Accelerator per process state: let a notebook train again

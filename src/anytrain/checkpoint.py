@@ -18,7 +18,6 @@ allow-list holds numpy's array types only); a file that needs anything else is r
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -27,17 +26,10 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, TrainConfig, save_config
+from .config import OPTIONS, ConfigError, TrainConfig, save_config, saved_options
+from .files import write_atomically
 
 CHECKPOINTS = "checkpoints"
-# Options that may differ between a checkpoint and the run resuming it: they change how long or
-# how verbosely the run goes on, not the model, the data or the optimisation so far.
-RESUMABLE_CHANGES = {
-    "epochs", "max_steps", "output_dir", "progress", "log_every_steps", "eval_every_steps",
-    "num_workers", "pin_memory", "persistent_workers", "checkpoint_every_steps", "keep_checkpoints",
-    "resume", "overwrite", "early_stopping_patience", "early_stopping_min_delta", "collective_timeout", "ddp_bucket_mb",
-    "report_to", "run_name", "plot",
-}
 PROGRESS = "progress.json"
 # Files a resume cannot do without (accelerator.save_state's and ours).
 REQUIRED_FILES = ("model.safetensors", "optimizer.bin", PROGRESS, "random_states_0.pkl")
@@ -58,7 +50,9 @@ class Progress:
     evals_without_improvement: int = 0
     window: list = field(default_factory=list)  # (step, loss) of batches not yet logged, so the next log line is exact
     config: dict = field(default_factory=dict)
-    data: dict = field(default_factory=dict)  # the task's facts about the data (features and classes, or vocabulary and tokens)
+    data: dict = field(
+        default_factory=dict
+    )  # the task's facts about the data (features and classes, or vocabulary and tokens)
 
     def state_dict(self) -> dict:
         return dict(self.__dict__)
@@ -80,9 +74,9 @@ def read_pointer(run_dir: Path, name: str) -> Path | None:
 
 
 def write_pointer(run_dir: Path, name: str, target: Path) -> None:
-    tmp = run_dir / CHECKPOINTS / f".{name}.tmp"
-    tmp.write_text(target.name + "\n")
-    os.replace(tmp, run_dir / CHECKPOINTS / name)  # atomic: readers see the old or the new name, never half
+    write_atomically(
+        run_dir / CHECKPOINTS / name, target.name + "\n"
+    )  # readers see the old or the new name, never half
 
 
 def save_checkpoint(accelerator, run_dir: Path, step: int, keep: int, is_best: bool, state: dict) -> Path:
@@ -146,48 +140,61 @@ def newest_complete(run_dir: Path) -> Path | None:
 def resolve_auto_resume(cfg: TrainConfig) -> TrainConfig:
     """--resume auto: 'latest' when the run folder holds a checkpoint (a restarted or re-queued job
     continues), nothing otherwise (its first start). Any other value is returned as it is."""
-    if cfg.resume != "auto":
+    if cfg.run.resume != "auto":
         return cfg
-    run_dir = Path(cfg.output_dir)
+    run_dir = Path(cfg.run.output_dir)
     has_checkpoint = read_pointer(run_dir, "latest") is not None or newest_complete(run_dir) is not None
-    return dataclasses.replace(cfg, resume="latest" if has_checkpoint else "")
+    return cfg.replace(resume="latest" if has_checkpoint else "")
 
 
 def find_resume_checkpoint(cfg: TrainConfig) -> tuple[Path, str | None]:
     """The checkpoint --resume names: 'latest' (in the run folder) or a path; errors if there is none.
     A damaged `latest` pointer falls back to the newest complete checkpoint, with a warning."""
-    run_dir = Path(cfg.output_dir)
+    run_dir = Path(cfg.run.output_dir)
     warning = None
-    if cfg.resume == "latest":
+    if cfg.run.resume == "latest":
         target = read_pointer(run_dir, "latest")
         if target is None or missing_files(target):
             fallback = newest_complete(run_dir)
             if fallback is None and target is not None:
-                raise ConfigError(f"--resume: checkpoint {target} is incomplete or corrupt (missing or empty: {', '.join(missing_files(target))}), and no other complete one is in {run_dir / CHECKPOINTS}")
+                raise ConfigError(
+                    f"--resume: checkpoint {target} is incomplete or corrupt (missing or empty: "
+                    f"{', '.join(missing_files(target))}), and no other complete one is in {run_dir / CHECKPOINTS}"
+                )
             if fallback is None:
                 raise ConfigError(f"--resume: no checkpoint in {run_dir / CHECKPOINTS} to resume from")
             pointer = run_dir / CHECKPOINTS / "latest"
-            what = "names an incomplete checkpoint" if target is not None else "is damaged" if pointer.exists() else "is missing"
+            what = (
+                "names an incomplete checkpoint"
+                if target is not None
+                else "is damaged"
+                if pointer.exists()
+                else "is missing"
+            )
             warning = f"{pointer} {what}: resuming from the newest complete checkpoint, {fallback}"
             target = fallback
     else:
-        target = Path(cfg.resume)
+        target = Path(cfg.run.resume)
         if not target.is_dir():
-            raise ConfigError(f"--resume: checkpoint folder not found: {cfg.resume}")
+            raise ConfigError(f"--resume: checkpoint folder not found: {cfg.run.resume}")
     missing = missing_files(target)
     if missing:
-        raise ConfigError(f"--resume: checkpoint {target} is incomplete or corrupt (missing or empty: {', '.join(missing)})")
+        raise ConfigError(
+            f"--resume: checkpoint {target} is incomplete or corrupt (missing or empty: {', '.join(missing)})"
+        )
     return target, warning
 
 
 def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path) -> None:
-    current = cfg.to_dict()
-    if current["task"] == "lm" and current["block_size"] > saved.get("block_size", current["block_size"]):
+    """Only options marked resumable (how long or how verbosely the run goes on, not the model, the
+    data or the optimisation so far) may differ between a checkpoint and the run resuming it."""
+    saved, current = saved_options(saved), cfg.flat()
+    if cfg.data.task == "lm" and cfg.data.block_size > saved.get("block_size", cfg.data.block_size):
         raise ConfigError(
-            f"--block-size {current['block_size']} is beyond the positional table of the model in {checkpoint} "
+            f"--block-size {cfg.data.block_size} is beyond the positional table of the model in {checkpoint} "
             f"({saved['block_size']} positions); resume with --block-size {saved['block_size']}"
         )
-    differing = sorted(k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k])
+    differing = sorted(k for k in current if not OPTIONS[k].resumable and saved.get(k) != current[k])
     if differing:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {current[k]!r}" for k in differing)
         raise ConfigError(f"--resume: checkpoint {checkpoint} was made with a different config ({details})")
@@ -195,17 +202,17 @@ def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path) -> None:
 
 def check_run_folder(cfg: TrainConfig) -> None:
     """Refuse to start a fresh run over earlier work, before anything is written."""
-    run_dir = Path(cfg.output_dir)
+    run_dir = Path(cfg.run.output_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--output-dir: {run_dir} exists and is not a folder")
     saved_config = run_dir / "config.yaml"
-    if cfg.resume or cfg.overwrite or not saved_config.is_file():
+    if cfg.run.resume or cfg.run.overwrite or not saved_config.is_file():
         return
     try:
         saved = yaml.safe_load(saved_config.read_text()) or {}
     except yaml.YAMLError:
         saved = {}
-    current = cfg.to_dict()
+    saved, current = saved_options(saved), cfg.flat()
     differing = sorted(k for k in current if k not in ("resume", "overwrite") and saved.get(k) != current[k])
     if differing:
         raise ConfigError(
@@ -213,7 +220,10 @@ def check_run_folder(cfg: TrainConfig) -> None:
             "pass --resume to continue it, --overwrite to replace it, or choose another --output-dir"
         )
     if read_pointer(run_dir, "latest") is not None and not (run_dir / "summary.json").exists():
-        raise ConfigError(f"--output-dir: {run_dir} holds an unfinished run with this config; pass --resume to continue it or --overwrite to start over")
+        raise ConfigError(
+            f"--output-dir: {run_dir} holds an unfinished run with this config; pass --resume to continue it or "
+            "--overwrite to start over"
+        )
 
 
 def check_writable(run_dir: Path) -> None:
@@ -261,7 +271,8 @@ def check_safe_to_load(checkpoint: Path, rank: int) -> None:
         except Exception as e:  # noqa: BLE001 - UnpicklingError and friends: refuse, one line
             first = (str(e).strip().splitlines() or [""])[0].split(". ")[0]
             raise ConfigError(
-                f"--resume: cannot load checkpoint {checkpoint}: {name} does not load as plain tensors without running code "
+                f"--resume: cannot load checkpoint {checkpoint}: {name} does not load as plain tensors without "
+                "running code "
                 f"(refused: {type(e).__name__}: {first[:120]})"
             ) from None
 
@@ -295,12 +306,5 @@ def trim_metrics(metrics: Path, step: int) -> str | None:
             continue
         if record is not None and record.get("step", 0) <= step:
             kept.append(line)
-    replace_text(metrics, "".join(line + "\n" for line in kept))
+    write_atomically(metrics, "".join(line + "\n" for line in kept))
     return torn
-
-
-def replace_text(path: Path, text: str) -> None:
-    """Write-then-rename: readers (and a kill) see the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+import typing
 
-from .config import ConfigError, LaunchError, exit_on_config_error, is_main_rank, parse_config
+from .config import ConfigError, LaunchError, parse_config
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,9 +48,13 @@ def main(argv: list[str] | None = None) -> None:
             # every surviving rank says it: the stuck one cannot, and which rank noticed is the clue
             rank = os.environ.get("RANK", "0")
             print(
-                f"train.py: error: rank {rank} waited more than --collective-timeout {cfg.collective_timeout} s for the other ranks "
-                f"in a collective operation: a rank is hung, stopped or gone. The last checkpoint is in {cfg.output_dir}/checkpoints "
-                f"(continue with --resume)", file=sys.stderr, flush=True,
+                f"train.py: error: rank {rank} waited more than --collective-timeout {cfg.run.collective_timeout} s "
+                "for the other ranks "
+                "in a collective operation: a rank is hung, stopped or gone. The last checkpoint is in "
+                f"{cfg.run.output_dir}/checkpoints "
+                f"(continue with --resume)",
+                file=sys.stderr,
+                flush=True,
             )
             _exit(1)
     except ConfigError as err:
@@ -66,6 +72,21 @@ def is_collective_timeout(err: RuntimeError) -> bool:
     return ("timed out waiting" in text and "operation" in text) or "collective operation timeout" in text
 
 
+def is_main_rank() -> bool:
+    """Before the Accelerator exists: only rank 0 prints errors, so a 2-rank launch says it once."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def exit_on_config_error(err: ConfigError) -> typing.NoReturn:
+    if is_main_rank():
+        print(f"train.py: error: {err}", file=sys.stderr)
+    else:
+        # The other ranks hit the same error. The launcher kills every rank once one exits, so a
+        # rank that got there first would cut the main rank off before it says why: let it speak.
+        time.sleep(3)
+    sys.exit(2)
+
+
 def _say(message: str) -> None:
     if is_main_rank():  # one line per job, not one per rank
         print(message, file=sys.stderr, flush=True)
@@ -81,3 +102,7 @@ def _exit(code: int) -> None:
         os._exit(code)
     if code:
         sys.exit(code)
+
+
+if __name__ == "__main__":  # python -m anytrain.cli
+    main()

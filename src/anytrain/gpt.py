@@ -73,7 +73,13 @@ class GPT(nn.Module):
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int, dropout: float = 0.0):
         super().__init__()
-        sizes = {"vocab_size": vocab_size, "block_size": block_size, "n_layer": n_layer, "n_head": n_head, "n_embd": n_embd}
+        sizes = {
+            "vocab_size": vocab_size,
+            "block_size": block_size,
+            "n_layer": n_layer,
+            "n_head": n_head,
+            "n_embd": n_embd,
+        }
         bad = [f"{name}={value}" for name, value in sizes.items() if value < 1]
         if bad:
             raise ValueError(f"GPT sizes must be positive; got {', '.join(bad)}")
@@ -138,9 +144,14 @@ class GPT(nn.Module):
         return 6 * self.num_parameters() + 12 * self.n_layer * self.n_embd * self.block_size
 
 
-def build_gpt(cfg, vocab_size: int) -> GPT:
-    """The GPT described by the config's block_size, n_layer, n_head, n_embd and dropout fields."""
-    return GPT(vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout)
+def build_gpt(model, shape) -> GPT:
+    """The registry's `--model gpt`: the model section's n_layer, n_head, n_embd and dropout, for the
+    shape's vocabulary and block_size."""
+    if shape.kind != "text":
+        from .config import ConfigError
+
+        raise ConfigError("--model gpt needs text data (--task lm)")
+    return GPT(shape.vocab_size, shape.block_size, model.n_layer, model.n_head, model.n_embd, model.dropout)
 
 
 @torch.no_grad()
@@ -171,7 +182,7 @@ def generate(
     model.eval()
     try:
         for _ in range(max_new_tokens):
-            logits = model(idx[:, -model.block_size:])[:, -1, :] / temperature
+            logits = model(idx[:, -model.block_size :])[:, -1, :] / temperature
             if top_k:
                 k = min(top_k, logits.size(-1))
                 kth_largest = torch.topk(logits, k, dim=-1).values[:, -1:]

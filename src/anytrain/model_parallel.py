@@ -25,7 +25,6 @@ import math
 import os
 import sys
 import time
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +32,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
-from .config import CHOICES, FIELDS, ConfigError, TrainConfig, validate
+from .config import OPTIONS, ConfigError, OneLineParser, TrainConfig, add_options, check_config
+from .tasks import evaluate
 
 MODES = ("single", "naive", "pipelined")
 
@@ -106,7 +106,12 @@ class TwoStageModel(nn.Module):
     gives the original model back.
     """
 
-    def __init__(self, model: nn.Sequential, split_at: int | None = None, devices: tuple[torch.device, torch.device] | None = None):
+    def __init__(
+        self,
+        model: nn.Sequential,
+        split_at: int | None = None,
+        devices: tuple[torch.device, torch.device] | None = None,
+    ):
         super().__init__()
         layers = list(model)
         self.split_at = balanced_split(layers) if split_at is None else check_split_at(len(layers), split_at)
@@ -137,6 +142,7 @@ class TwoStageModel(nn.Module):
 
     def placement(self) -> str:
         """One line: which layers and how many parameters sit on which device."""
+
         def layers(first: int, last: int) -> str:
             return f"layer {first}" if first == last else f"layers {first}-{last}"
 
@@ -223,7 +229,9 @@ def make_train_loader(data, cfg: TrainConfig) -> tuple[DataLoader, RandomSampler
     from .data import keep_batch
 
     sampler = RandomSampler(data, generator=torch.Generator())
-    loader = DataLoader(data, batch_size=cfg.batch_size, sampler=sampler, collate_fn=keep_batch, pin_memory=cfg.pin_memory)
+    loader = DataLoader(
+        data, batch_size=cfg.optim.batch_size, sampler=sampler, collate_fn=keep_batch, pin_memory=cfg.data.pin_memory
+    )
     return loader, sampler
 
 
@@ -233,110 +241,117 @@ def check_batches_fit(model: nn.Module, cfg: TrainConfig, data) -> None:
         return
     for name in ("train", "validation", "test"):
         n = len(getattr(data, name))
-        smallest = min(n, cfg.batch_size, n % cfg.batch_size or cfg.batch_size)
+        smallest = min(n, cfg.optim.batch_size, n % cfg.optim.batch_size or cfg.optim.batch_size)
         if smallest < model.micro_batches:
             raise ConfigError(
-                f"--micro-batches {model.micro_batches} is more than the {smallest} samples of the smallest {name} batch "
-                f"({n} samples in batches of {cfg.batch_size}); use at most {smallest} micro-batches or change --batch-size"
+                f"--micro-batches {model.micro_batches} is more than the {smallest} samples of the smallest {name} "
+                "batch "
+                f"({n} samples in batches of {cfg.optim.batch_size}); use at most {smallest} micro-batches or change "
+                "--batch-size"
             )
 
 
-def evaluate(model: nn.Module, loader) -> dict:
-    """Mean loss and accuracy over a split."""
+def on_devices(model: nn.Module, loader):
+    """A split's batches, each input on stage 1's device and each target where stage 2 leaves the outputs."""
     first, last = input_output_devices(model)
-    model.eval()
-    loss_sum, correct, count = 0.0, 0, 0
-    with torch.no_grad():
-        for inputs, targets in loader:
-            outputs = model(inputs.to(first, non_blocking=True))
-            targets = targets.to(last, non_blocking=True)
-            loss_sum += nn.functional.cross_entropy(outputs, targets, reduction="sum").item()
-            correct += (outputs.argmax(-1) == targets).sum().item()
-            count += len(targets)
-    return {"loss": loss_sum / count, "accuracy": correct / count}
+    for inputs, targets in loader:
+        yield inputs.to(first, non_blocking=True), targets.to(last, non_blocking=True)
 
 
-def train_model_parallel(
-    cfg: TrainConfig,
-    mode: str = "pipelined",
-    split_at: int | None = None,
-    micro_batches: int = 4,
-    devices: tuple[torch.device, torch.device] | None = None,
-    verbose: bool = True,
-) -> tuple[nn.Module, dict]:
-    """Train cfg's model on cfg's data with one of the MODES; returns (model, summary).
-
-    The same data, model, optimizer, schedule and clipping as the trainer (one process, fp32).
-    """
+def prepare(cfg: TrainConfig, mode: str, split_at: int | None, micro_batches: int, devices) -> tuple:
+    """(data, the split model, its loaders and sampler, optimizer, scheduler): the trainer's data,
+    initial weights, optimizer and schedule, one process, fp32."""
     from accelerate.utils import set_seed
 
     from .data import load_splits, make_loader
-    from .models import build_model
     from .optim import build_optimizer, build_scheduler
+    from .usermodel import make_model
 
-    say = print if verbose else (lambda *a, **k: None)
-    started = time.perf_counter()
-    set_seed(cfg.seed)  # the same initial weights as the trainer and as every other mode
+    if cfg.data.task != "classify":
+        raise ConfigError(
+            f"model_parallel trains classifiers (tables of numbers); --task {cfg.data.task} is not offered"
+        )
+    set_seed(cfg.run.seed)  # the same initial weights as the trainer and as every other mode
     data = load_splits(cfg)
-    model = build_model(cfg, data.num_features, data.num_classes, data.feature_mean, data.feature_std)
+    model = make_model(cfg.model, data.shape())
+    if not isinstance(model, nn.Sequential):
+        raise ConfigError(
+            f"--model {cfg.model.name}: model parallelism cuts a flat nn.Sequential into two stages; got "
+            f"{type(model).__name__}"
+        )
     model = split_model(model, mode, split_at, micro_batches, devices)
-    say(placement(model))
-    first, last = input_output_devices(model)
-    optimizer = build_optimizer(cfg, model)
     train_loader, sampler = make_train_loader(data.train, cfg)
-    val_loader = make_loader(data.validation, cfg, shuffle=False)
-    test_loader = make_loader(data.test, cfg, shuffle=False)
+    loaders = train_loader, make_loader(data.validation, cfg, shuffle=False), make_loader(data.test, cfg, shuffle=False)
     check_batches_fit(model, cfg, data)
-    total_steps = min(cfg.max_steps or math.inf, cfg.epochs * len(train_loader))
-    scheduler = build_scheduler(cfg, optimizer, total_steps)
-    criterion = nn.CrossEntropyLoss()
+    optimizer = build_optimizer(cfg.optim, model)
+    total_steps = min(cfg.optim.max_steps or math.inf, cfg.optim.epochs * len(train_loader))
+    return data, model, loaders, sampler, optimizer, build_scheduler(cfg.optim, optimizer, total_steps), total_steps
 
-    step, samples, train_seconds = 0, 0, 0.0
-    val: dict = {}
-    for epoch in range(cfg.epochs):
-        sampler.generator.manual_seed(cfg.seed + epoch)
-        model.train()
-        epoch_start = time.perf_counter()
-        for inputs, targets in train_loader:
-            inputs = inputs.to(first, non_blocking=True)  # the batch enters on stage 1's device ...
-            targets = targets.to(last, non_blocking=True)  # ... and the loss is taken where stage 2 leaves the outputs
-            outputs = model(inputs)
-            loss = criterion(outputs, targets)
-            optimizer.zero_grad()
-            loss.backward()  # autograd carries the gradients back across the device boundary
-            if cfg.max_grad_norm:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # one norm over both stages
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            samples += len(targets)
-            if step >= total_steps:
-                break
-        train_seconds += time.perf_counter() - epoch_start
-        val = evaluate(model, val_loader)
-        say(f"epoch {epoch}: step {step}, loss {loss.item():.4f}, val_loss {val['loss']:.4f}, val_accuracy {val['accuracy']:.4f}")
+
+def train_epoch(cfg: TrainConfig, model: nn.Module, loader, optimizer, scheduler, step: int, total_steps) -> tuple:
+    """One pass over the training batches, or up to total_steps; returns (step, samples trained, last loss)."""
+    criterion, samples = nn.CrossEntropyLoss(), 0
+    # Each batch enters on stage 1's device; the loss is taken where stage 2 leaves the outputs.
+    for inputs, targets in on_devices(model, loader):
+        outputs = model(inputs)
+        loss = criterion(outputs, targets)
+        optimizer.zero_grad()
+        loss.backward()  # autograd carries the gradients back across the device boundary
+        if cfg.optim.max_grad_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)  # one norm over both stages
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        samples += len(targets)
         if step >= total_steps:
             break
-    test = evaluate(model, test_loader)
+    return step, samples, loss
+
+
+def train_model_parallel(
+    cfg: TrainConfig, mode="pipelined", split_at=None, micro_batches=4, devices=None, verbose=True
+):
+    """Train cfg's model on cfg's data with one of the MODES (split_at: stage 2's first layer, default
+    balanced; devices: the two stages' devices, default pick_devices()); returns (model, summary)."""
+    say = print if verbose else (lambda *a, **k: None)
+    started = time.perf_counter()
+    data, model, (train_loader, val_loader, test_loader), sampler, optimizer, scheduler, total_steps = prepare(
+        cfg, mode, split_at, micro_batches, devices
+    )
+    say(placement(model))
+    step, samples, train_seconds, val = 0, 0, 0.0, {}
+    for epoch in range(cfg.optim.epochs):
+        sampler.generator.manual_seed(cfg.run.seed + epoch)
+        model.train()
+        epoch_start = time.perf_counter()
+        step, seen, loss = train_epoch(cfg, model, train_loader, optimizer, scheduler, step, total_steps)
+        samples += seen
+        train_seconds += time.perf_counter() - epoch_start
+        val = evaluate(model, on_devices(model, val_loader))
+        metrics = f"loss {loss.item():.4f}, val_loss {val['loss']:.4f}, val_accuracy {val['accuracy']:.4f}"
+        say(f"epoch {epoch}: step {step}, {metrics}")
+        if step >= total_steps:
+            break
+    test = evaluate(model, on_devices(model, test_loader))
     summary = {
         "mode": mode,
         "placement": placement(model),
         "split_at": getattr(model, "split_at", None),
         "micro_batches": getattr(model, "micro_batches", 1),
-        "test_accuracy": test["accuracy"],
-        "test_loss": test["loss"],
-        "val_accuracy": val.get("accuracy"),
-        "val_loss": val.get("loss"),
+        **{f"test_{k}": test[k] for k in ("accuracy", "loss")},
+        **{f"val_{k}": val.get(k) for k in ("accuracy", "loss")},
         "optimizer_steps": step,
         "epochs_completed": epoch + 1,
         "samples_per_s": samples / train_seconds if train_seconds else None,
         "train_seconds": train_seconds,
         "wall_time_s": time.perf_counter() - started,
-        "dataset": data.source,
-        "num_features": data.num_features,
-        "num_classes": data.num_classes,
+        **{
+            key: getattr(data, name)
+            for key, name in (("dataset", "source"), ("num_features",) * 2, ("num_classes",) * 2)
+        },
     }
-    say(f"model_parallel: {mode}: test_accuracy {test['accuracy']:.4f}, test_loss {test['loss']:.4f}, {summary['wall_time_s']:.1f}s")
+    results = f"test_accuracy {test['accuracy']:.4f}, test_loss {test['loss']:.4f}, {summary['wall_time_s']:.1f}s"
+    say(f"model_parallel: {mode}: {results}")
     return model, summary
 
 
@@ -347,54 +362,50 @@ def save_run(model: nn.Module, summary: dict, cfg: TrainConfig, output_dir: str)
     run_dir = Path(output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     merged = model.to_sequential() if isinstance(model, TwoStageModel) else model
-    save_weights(merged.state_dict(), run_dir / WEIGHTS, cfg, {"num_features": str(summary["num_features"]), "num_classes": str(summary["num_classes"])})
+    save_weights(
+        merged.state_dict(),
+        run_dir / WEIGHTS,
+        cfg,
+        {"num_features": str(summary["num_features"]), "num_classes": str(summary["num_classes"])},
+    )
     write_json(run_dir / "summary.json", summary)
 
 
 # --------------------------------------------------------------------------- command line
 
-# TrainConfig options that mean the same here; the trainer's other options (accumulation, early
-# stopping, logging, workers) belong to its loop and are not offered.
-CONFIG_OPTIONS = (
-    "dataset", "input_columns", "label_column", "num_classes", "val_fraction", "test_fraction",
-    "synthetic_samples", "synthetic_features", "synthetic_classes",
-    "model", "hidden_sizes", "channels", "dropout",
-    "epochs", "max_steps", "batch_size", "optimizer", "lr", "momentum", "weight_decay",
-    "schedule", "warmup_steps", "step_size", "gamma", "max_grad_norm", "pin_memory", "seed",
-)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        raise ConfigError(message)
-
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m anytrain.model_parallel",
         description="Train a model split into two stages on two devices (cuda:0 and cuda:1; one GPU or the CPU "
         "when there are fewer), naively or pipelined over micro-batches. One process.",
     )
-    parser.add_argument("--mode", choices=MODES, default="pipelined", help="single: the whole model on one device; naive: stage 1 "
-                        "then stage 2 on the whole batch; pipelined: GPipe-style micro-batches (default: %(default)s)")
-    parser.add_argument("--split-at", type=int, default=None, help="index of stage 2's first layer (layer 0 is the Standardize layer); "
-                        "default: balanced by parameter count")
-    parser.add_argument("--micro-batches", type=int, default=4, help="pipelined mode: micro-batches per batch, at least 1 and at most "
-                        "the smallest batch (default: %(default)s)")
-    parser.add_argument("--output-dir", default="", help="if given, write model.safetensors and summary.json there (default: none)")
-    defaults = TrainConfig()
-    for name in CONFIG_OPTIONS:
-        f, kind = FIELDS[name], typing.get_type_hints(TrainConfig)[name]
-        kwargs: dict = {"default": getattr(defaults, name), "help": f.metadata.get("help", "") + " (default: %(default)s)"}
-        if kind is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(kind) is list:
-            kwargs.update(nargs="*", type=typing.get_args(kind)[0], metavar=name.upper())
-        else:
-            kwargs["type"] = kind
-            if name in CHOICES:
-                kwargs["choices"] = ("mlp", "cnn") if name == "model" else CHOICES[name]  # flat classifiers only
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, **kwargs)
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default="pipelined",
+        help="single: the whole model on one device; naive: stage 1 "
+        "then stage 2 on the whole batch; pipelined: GPipe-style micro-batches (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--split-at",
+        type=int,
+        default=None,
+        help="index of stage 2's first layer (layer 0 is the Standardize layer); default: balanced by parameter count",
+    )
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        default=4,
+        help="pipelined mode: micro-batches per batch, at least 1 and at most "
+        "the smallest batch (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--output-dir", default="", help="if given, write model.safetensors and summary.json there (default: none)"
+    )
+    # The trainer's options that mean the same here (config.py marks them); its others (accumulation,
+    # early stopping, logging, workers) belong to its loop and are not offered.
+    add_options(parser, [o for o in OPTIONS.values() if o.model_parallel], defaults=True)
     return parser
 
 
@@ -405,13 +416,20 @@ def main(argv: list[str] | None = None) -> None:
             if int(os.environ.get("RANK", "0")) == 0:
                 print(
                     "model_parallel: error: this runs as one process that drives both devices; launch it with "
-                    "`python -m anytrain.model_parallel` or `accelerate launch --num_processes 1`", file=sys.stderr)
+                    "`python -m anytrain.model_parallel` or `accelerate launch --num_processes 1`",
+                    file=sys.stderr,
+                )
             sys.exit(1)
-        mode, split_at, micro_batches, output_dir = (args.pop(k) for k in ("mode", "split_at", "micro_batches", "output_dir"))
+        mode, split_at, micro_batches, output_dir = (
+            args.pop(k) for k in ("mode", "split_at", "micro_batches", "output_dir")
+        )
         check_micro_batches(micro_batches)
-        cfg = validate(TrainConfig(**args))
-        if mode == "pipelined" and micro_batches > cfg.batch_size:
-            raise ConfigError(f"--micro-batches {micro_batches} is more than the {cfg.batch_size} samples of a batch (--batch-size)")
+        cfg = check_config(TrainConfig(**args))
+        if mode == "pipelined" and micro_batches > cfg.optim.batch_size:
+            raise ConfigError(
+                f"--micro-batches {micro_batches} is more than the {cfg.optim.batch_size} samples of a batch "
+                "(--batch-size)"
+            )
         model, summary = train_model_parallel(cfg, mode, split_at, micro_batches)
         if output_dir:
             save_run(model, summary, cfg, output_dir)

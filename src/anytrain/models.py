@@ -1,6 +1,7 @@
 """The model registry (`--model mlp|cnn|resnet|gpt`) and the factories behind it. Every factory
-has the signature a user's `--model module:factory` has: `factory(cfg, shape) -> nn.Module`
-(shape.py says what the module receives and returns).
+has the signature a user's `--model module:factory` has: `factory(model, shape) -> nn.Module`,
+with the config's model section (config.ModelConfig) and the data's shape (shape.py says what
+the module receives and returns).
 
 On tabular data each classifier is a flat nn.Sequential (so the model-parallel module can cut it
 at any layer) whose first layer standardises raw features with the training split's statistics:
@@ -15,7 +16,8 @@ import math
 import torch
 from torch import nn
 
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, ModelConfig
+from .gpt import build_gpt
 from .shape import DataShape
 
 
@@ -40,45 +42,52 @@ def standardize(shape: DataShape) -> list[nn.Module]:
     return [Standardize(mean, std)]
 
 
-def hidden_layers(cfg: TrainConfig, width: int) -> tuple[list[nn.Module], int]:
-    """cfg.hidden_sizes as Linear + ReLU (+ Dropout) layers from `width` inputs; returns (layers, last width)."""
+def hidden_layers(model: ModelConfig, width: int) -> tuple[list[nn.Module], int]:
+    """model.hidden_sizes as Linear + ReLU (+ Dropout) layers from `width` inputs; returns (layers, last width)."""
     layers: list[nn.Module] = []
-    for hidden in cfg.hidden_sizes:
+    for hidden in model.hidden_sizes:
         layers += [nn.Linear(width, hidden), nn.ReLU()]
-        if cfg.dropout:
-            layers.append(nn.Dropout(cfg.dropout))
+        if model.dropout:
+            layers.append(nn.Dropout(model.dropout))
         width = hidden
     return layers, width
 
 
-def build_mlp(cfg: TrainConfig, shape: DataShape) -> nn.Sequential:
+def build_mlp(model: ModelConfig, shape: DataShape) -> nn.Sequential:
     """Fully connected layers; images are flattened first."""
     if shape.kind == "image":
         first, width = [nn.Flatten()], shape.channels * shape.image_size**2
     else:
         first, width = standardize(shape), shape.num_features
-    layers, width = hidden_layers(cfg, width)
+    layers, width = hidden_layers(model, width)
     return nn.Sequential(*first, *layers, nn.Linear(width, shape.num_classes))
 
 
-def build_cnn(cfg: TrainConfig, shape: DataShape) -> nn.Sequential:
-    """3x3 convolutions (cfg.channels), one 2x2 max-pool, a 128-wide hidden layer. Tabular inputs
+def build_cnn(model: ModelConfig, shape: DataShape) -> nn.Sequential:
+    """3x3 convolutions (model.channels), one 2x2 max-pool, a 128-wide hidden layer. Tabular inputs
     must form a square one-channel image (e.g. the 8x8 digits' 64 pixels)."""
     if shape.kind == "image":
         first, channels, side = [], shape.channels, shape.image_size
     else:
         side, channels = math.isqrt(shape.num_features), 1
         if side * side != shape.num_features:
-            raise ConfigError(f"--model cnn needs inputs that form a square one-channel image; got {shape.num_features} features")
+            raise ConfigError(
+                f"--model cnn needs inputs that form a square one-channel image; got {shape.num_features} features"
+            )
         first = [*standardize(shape), nn.Unflatten(1, (1, side, side))]
     layers: list[nn.Module] = []
-    for out in cfg.channels:
+    for out in model.channels:
         layers += [nn.Conv2d(channels, out, kernel_size=3, padding=1), nn.ReLU()]
         channels = out
     pooled = side // 2 if side >= 2 else side
-    layers += [nn.MaxPool2d(2) if side >= 2 else nn.Identity(), nn.Flatten(), nn.Linear(channels * pooled * pooled, 128), nn.ReLU()]
-    if cfg.dropout:
-        layers.append(nn.Dropout(cfg.dropout))
+    layers += [
+        nn.MaxPool2d(2) if side >= 2 else nn.Identity(),
+        nn.Flatten(),
+        nn.Linear(channels * pooled * pooled, 128),
+        nn.ReLU(),
+    ]
+    if model.dropout:
+        layers.append(nn.Dropout(model.dropout))
     return nn.Sequential(*first, *layers, nn.Linear(128, shape.num_classes))
 
 
@@ -92,48 +101,40 @@ class BasicBlock(nn.Module):
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
         projection = stride != 1 or cin != cout
-        self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)) if projection else nn.Identity()
+        self.shortcut = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+            if projection
+            else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.bn1(self.conv1(x)))
         return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
 
 
-def build_resnet(cfg: TrainConfig, shape: DataShape) -> nn.Sequential:
+def build_resnet(model: ModelConfig, shape: DataShape) -> nn.Sequential:
     """A CIFAR-style ResNet (He et al. 2016, section 4.2): a 3x3 stem, one stage per entry of
-    cfg.channels with cfg.blocks_per_stage BasicBlocks (every stage after the first halves the
+    model.channels with model.blocks_per_stage BasicBlocks (every stage after the first halves the
     resolution), global average pooling, one Linear. `--channels 16 32 64 --blocks-per-stage 3` is
     ResNet-20. Any image size works (the pooling is adaptive); tabular inputs are refused."""
     if shape.kind != "image":
         raise ConfigError("--model resnet needs image data (an Image column or a folder of images)")
-    if not cfg.channels:
+    if not model.channels:
         raise ConfigError("--channels must name at least one stage for the resnet model")
-    width = cfg.channels[0]
-    layers: list[nn.Module] = [nn.Conv2d(shape.channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
-    for stage, out in enumerate(cfg.channels):
-        for block in range(cfg.blocks_per_stage):
+    width = model.channels[0]
+    layers: list[nn.Module] = [
+        nn.Conv2d(shape.channels, width, 3, padding=1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+    ]
+    for stage, out in enumerate(model.channels):
+        for block in range(model.blocks_per_stage):
             layers.append(BasicBlock(width, out, stride=2 if stage > 0 and block == 0 else 1))
             width = out
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
-    if cfg.dropout:
-        layers.append(nn.Dropout(cfg.dropout))
+    if model.dropout:
+        layers.append(nn.Dropout(model.dropout))
     return nn.Sequential(*layers, nn.Linear(width, shape.num_classes))
 
 
-def build_gpt_model(cfg: TrainConfig, shape: DataShape) -> nn.Module:
-    from .gpt import build_gpt
-
-    if shape.kind != "text":
-        raise ConfigError("--model gpt needs text data (--task lm)")
-    return build_gpt(cfg, shape.vocab_size)
-
-
-REGISTRY = {"mlp": build_mlp, "cnn": build_cnn, "resnet": build_resnet, "gpt": build_gpt_model}
-
-
-def build_model(cfg: TrainConfig, num_features: int, num_classes: int, mean: torch.Tensor | None = None, std: torch.Tensor | None = None) -> nn.Sequential:
-    """The registry's tabular classifier (mlp, the default, or cnn) for rows of num_features; mean/std default to 0/1."""
-    name = "mlp" if cfg.model == "auto" else cfg.model
-    if name not in ("mlp", "cnn"):
-        raise ConfigError(f"--model: '{cfg.model}' is not a tabular classifier (choose mlp or cnn)")
-    return REGISTRY[name](cfg, DataShape("tabular", num_classes=num_classes, num_features=num_features, feature_mean=mean, feature_std=std))
+REGISTRY = {"mlp": build_mlp, "cnn": build_cnn, "resnet": build_resnet, "gpt": build_gpt}

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .config import TrainConfig
+from .config import OptimConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -21,14 +21,14 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(cfg: TrainConfig, model: nn.Module, device_type: str = "cpu") -> torch.optim.Optimizer:
-    groups = param_groups(model, cfg.weight_decay)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+def build_optimizer(optim: OptimConfig, model: nn.Module, device_type: str = "cpu") -> torch.optim.Optimizer:
+    groups = param_groups(model, optim.weight_decay)
+    if optim.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum)
     # One fused kernel for all parameters where torch has one (CUDA, and the CPU since torch 2.4):
     # on the CPU the GPT recipe's AdamW step takes 2.2 ms instead of 5.7 ms (docs/benchmarks.md).
     fused = {"fused": True} if device_type in fused_devices() else {}
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), **fused)
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2), **fused)
 
 
 def fused_devices() -> tuple[str, ...]:
@@ -40,21 +40,23 @@ def fused_devices() -> tuple[str, ...]:
         return ("cuda",)
 
 
-def lr_factor(step: int, cfg: TrainConfig, total_steps: int) -> float:
-    """Multiplier of cfg.lr for the update made at optimizer step `step` (0-based)."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    after = step - cfg.warmup_steps
-    if cfg.schedule == "step":
-        return cfg.gamma ** (after // cfg.step_size)
-    if cfg.schedule == "cosine":
-        progress = min(1.0, after / max(1, total_steps - cfg.warmup_steps))
-        floor = cfg.min_lr / cfg.lr  # cosine from lr down to min_lr at the last step
+def lr_factor(step: int, optim: OptimConfig, total_steps: int) -> float:
+    """Multiplier of optim.lr for the update made at optimizer step `step` (0-based)."""
+    if step < optim.warmup_steps:
+        return (step + 1) / optim.warmup_steps
+    after = step - optim.warmup_steps
+    if optim.schedule == "step":
+        return optim.gamma ** (after // optim.step_size)
+    if optim.schedule == "cosine":
+        progress = min(1.0, after / max(1, total_steps - optim.warmup_steps))
+        floor = optim.min_lr / optim.lr  # cosine from lr down to min_lr at the last step
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     return 1.0
 
 
-def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optim: OptimConfig, optimizer: torch.optim.Optimizer, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Stepped once per real optimizer step by the loop. It is deliberately not passed to
     accelerator.prepare(): the prepared scheduler steps num_processes times per optimizer step."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, optim, total_steps))

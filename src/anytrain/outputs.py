@@ -6,6 +6,7 @@ decides who calls it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -14,7 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, safe_open, save_file
 
-from .config import FIELDS, TrainConfig
+from .config import TrainConfig, saved_options
+from .files import atomic_path, write_atomically
 from .tasks import get_task
 
 WEIGHTS = "model.safetensors"
@@ -34,7 +36,11 @@ class MetricsLog:
             self.file.write(json.dumps(record) + "\n")
         if self.tracker is not None:
             prefix = record["kind"] if record["kind"] == "train" else record["split"]
-            values = {f"{prefix}/{k}": v for k, v in record.items() if k not in ("kind", "split", "step", "epoch") and isinstance(v, (int, float))}
+            values = {
+                f"{prefix}/{k}": v
+                for k, v in record.items()
+                if k not in ("kind", "split", "step", "epoch") and isinstance(v, (int, float))
+            }
             self.tracker(values, step=record["step"])
 
     def close(self) -> None:
@@ -46,9 +52,8 @@ def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, data_metadata: 
     """safetensors file whose metadata says how to rebuild the model (see load_model): the config,
     and the task's data facts (features and classes, or the vocabulary)."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file(tensors, str(tmp), metadata={"anytrain_config": json.dumps(cfg.to_dict()), **data_metadata})
-    os.replace(tmp, path)  # whole or absent: a kill mid-write leaves the previous file or none
+    with atomic_path(path) as tmp:  # whole or absent: a kill mid-write leaves the previous file or none
+        save_file(tensors, str(tmp), metadata={"anytrain_config": json.dumps(cfg.to_dict()), **data_metadata})
 
 
 def weights_file(run_dir: str | Path) -> Path:
@@ -69,8 +74,7 @@ def read_weights_metadata(path: str | Path) -> tuple[Path, TrainConfig, dict]:
         path = path / WEIGHTS
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
-    saved = json.loads(meta["anytrain_config"])
-    return path, TrainConfig(**{k: v for k, v in saved.items() if k in FIELDS}), meta
+    return path, TrainConfig(**saved_options(json.loads(meta["anytrain_config"]))), meta
 
 
 def load_model(path: str | Path, model: torch.nn.Module | None = None) -> torch.nn.Module:
@@ -83,6 +87,21 @@ def load_model(path: str | Path, model: torch.nn.Module | None = None) -> torch.
     return model.eval()
 
 
+def weights_fingerprint(state_dict: dict) -> str:
+    """16 hex digits of a sha256 over every tensor's name and bytes, in name order: equal weights, equal
+    fingerprint. summary.json holds each rank's; scripts/fingerprints.py and the tests pin them."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        digest.update(name.encode())
+        digest.update(state_dict[name].detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def fingerprint_environment() -> str:
+    """What bit-identical weights depend on besides the code: the torch build, its CPU kernels, the cores."""
+    return f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores"
+
+
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "cuda_max_allocated"
@@ -90,6 +109,4 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)  # whole or absent
+    write_atomically(path, json.dumps(data, indent=2) + "\n")

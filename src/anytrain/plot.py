@@ -50,15 +50,7 @@ def _labels(run_dirs: list[Path]) -> list[str]:
     return [str(p) if labels.count(lab) > 1 else lab for p, lab in zip(full, labels)]
 
 
-def plot_runs(run_dirs: list[Path], output: Path) -> Path:
-    """Write a PNG of the runs' curves against optimizer step and return its path: loss (train solid,
-    validation dashed with markers), validation accuracy and/or perplexity, learning rate, throughput."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator
-
-    run_dirs = [Path(d) for d in run_dirs]
+def _read_runs(run_dirs: list[Path]) -> list[list[dict]]:
     if not run_dirs:
         raise ValueError("no run folder given")
     runs = []
@@ -67,6 +59,11 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
         if not any(isinstance(r.get("step"), (int, float)) for r in records):
             raise ValueError(f"{run_dir}: {METRICS} has no usable training or evaluation lines")
         runs.append(records)
+    return runs
+
+
+def _panels(runs: list[list[dict]]) -> list[tuple[str, str, str]]:
+    """(metric key, title, y label) of each panel: loss, accuracy and/or perplexity, learning rate, throughput."""
 
     def has(kind: str, key: str) -> list[bool]:
         return [bool(_series(records, kind, key, "validation" if kind == "eval" else None)[0]) for records in runs]
@@ -74,8 +71,8 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
     with_ppl, with_acc = has("eval", "perplexity"), has("eval", "accuracy")
     # tokens/s only when every run with throughput has it: samples/s and tokens/s do not share an axis
     with_samples, with_tokens = has("train", "samples_per_s"), has("train", "tokens_per_s")
-    rate_key = "tokens_per_s" if any(with_tokens) and all(t for s, t in zip(with_samples, with_tokens) if s or t) else "samples_per_s"
-
+    tokens = any(with_tokens) and all(t for s, t in zip(with_samples, with_tokens) if s or t)
+    rate_key = "tokens_per_s" if tokens else "samples_per_s"
     panels = [("loss", "Loss", "loss")]
     if any(acc and not ppl for acc, ppl in zip(with_acc, with_ppl)) or not any(with_ppl):
         panels.append(("accuracy", "Validation accuracy", "accuracy"))
@@ -83,39 +80,59 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
         panels.append(("perplexity", "Validation perplexity", "perplexity"))
     panels.append(("lr", "Learning rate", "learning rate"))
     panels.append((rate_key, "Throughput", rate_key.replace("_per_s", "/s")))
+    return panels
 
+
+def _draw_panel(ax, panel: tuple[str, str, str], runs: list[list[dict]], colors: list[str], labels: list[str]) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    key, title, ylabel = panel
+    validation = {"linestyle": "--", "marker": "o", "markersize": 4}
+    for records, color, label in zip(runs, colors, labels):
+        if key == "loss":
+            ax.plot(*_series(records, "train", "loss"), color=color, label=label)
+            ax.plot(*_series(records, "eval", "loss", "validation"), color=color, **validation)
+        elif key in ("accuracy", "perplexity"):
+            ax.plot(*_series(records, "eval", key, "validation"), color=color, label=label, **validation)
+        else:
+            ax.plot(*_series(records, "train", key), color=color, label=label)
+    if key == "lr":
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    if key == "loss":  # which line is which: colour is the run, style is train or validation
+        styles = [
+            Line2D([], [], color="gray", label="train"),
+            Line2D([], [], color="gray", label="validation", **validation),
+        ]
+        ax.legend(handles=styles, loc="best", fontsize="small")
+    if not ax.has_data():
+        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
+    ax.set_title(title)
+    ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+
+
+def plot_runs(run_dirs: list[Path], output: Path) -> Path:
+    """Write a PNG of the runs' curves against optimizer step and return its path: loss (train solid,
+    validation dashed with markers), validation accuracy and/or perplexity, learning rate, throughput."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    run_dirs = [Path(d) for d in run_dirs]
+    runs = _read_runs(run_dirs)
+    panels = _panels(runs)
     cols = 2 if len(panels) <= 4 else 3
     fig = Figure(figsize=(6 * cols, 9), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(2, cols, squeeze=False).ravel()
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.set_axis_off()
-    colors = [f"C{i % 10}" for i in range(len(runs))]
-    labels = _labels(run_dirs)
-
-    for ax, (key, title, ylabel) in zip(axes, panels):
-        for records, color, label in zip(runs, colors, labels):
-            if key == "loss":
-                ax.plot(*_series(records, "train", "loss"), color=color, label=label)
-                ax.plot(*_series(records, "eval", "loss", "validation"), color=color, linestyle="--", marker="o", markersize=4)
-            elif key in ("accuracy", "perplexity"):
-                ax.plot(*_series(records, "eval", key, "validation"), color=color, linestyle="--", marker="o", markersize=4, label=label)
-            else:
-                ax.plot(*_series(records, "train", key), color=color, label=label)
-        if key == "lr":
-            ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-        if key == "loss":  # which line is which: colour is the run, style is train or validation
-            styles = [Line2D([], [], color="gray", label="train"),
-                      Line2D([], [], color="gray", linestyle="--", marker="o", markersize=4, label="validation")]
-            ax.legend(handles=styles, loc="best", fontsize="small")
-        if not ax.has_data():
-            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
-        ax.set_title(title)
-        ax.set_xlabel("optimizer step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-
+    colors, labels = [f"C{i % 10}" for i in range(len(runs))], _labels(run_dirs)
+    for ax, panel in zip(axes, panels):
+        _draw_panel(ax, panel, runs, colors, labels)
     run_handles = [Line2D([], [], color=c, linewidth=2, label=lab) for c, lab in zip(colors, labels)]
     fig.legend(handles=run_handles, loc="outside lower center", ncols=min(len(runs), 4), frameon=False)
     shown = ", ".join(["loss"] + [ylabel for _, _, ylabel in panels[1:]])
@@ -128,10 +145,17 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="anytrain plot", description="Write a PNG of the training curves of one or more run folders.")
+    parser = argparse.ArgumentParser(
+        prog="anytrain plot", description="Write a PNG of the training curves of one or more run folders."
+    )
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="run folder holding metrics.jsonl")
-    parser.add_argument("--output", "-o", type=Path, default=None,
-                        help="PNG to write (default: RUN_DIR/curves.png for one run, ./curves.png for several)")
+    parser.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=None,
+        help="PNG to write (default: RUN_DIR/curves.png for one run, ./curves.png for several)",
+    )
     args = parser.parse_args(argv)
     output = args.output or (args.run_dirs[0] / "curves.png" if len(args.run_dirs) == 1 else Path("curves.png"))
     for run_dir in args.run_dirs:
@@ -140,7 +164,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        parser.exit(2, "anytrain plot: error: matplotlib is not installed: pip install matplotlib (or the 'bench' extra: pip install 'anytrain[bench]')\n")
+        parser.exit(
+            2,
+            "anytrain plot: error: matplotlib is not installed: pip install matplotlib (or the 'bench' extra: pip "
+            "install 'anytrain[bench]')\n",
+        )
     try:
         written = plot_runs(args.run_dirs, output)
     except (ValueError, OSError) as err:

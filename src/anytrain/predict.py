@@ -20,13 +20,18 @@ import numpy as np
 import torch
 
 from .config import ConfigError, OneLineParser
+from .files import write_atomically
 from .outputs import load_model, read_weights_metadata, weights_file
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="anytrain predict", description="Predict classes for new rows with a trained classification run.")
+    parser = OneLineParser(
+        prog="anytrain predict", description="Predict classes for new rows with a trained classification run."
+    )
     parser.add_argument("run_dir", help="run folder (or its model.safetensors) of a classification run")
-    parser.add_argument("--dataset", required=True, help="rows to classify: a parquet/csv/json file or a save_to_disk folder")
+    parser.add_argument(
+        "--dataset", required=True, help="rows to classify: a parquet/csv/json file or a save_to_disk folder"
+    )
     parser.add_argument("--output", default="", help="write the predictions to this JSONL file (default: print them)")
     parser.add_argument("--batch-size", type=int, default=1024, help="rows per forward pass (default: %(default)s)")
     return parser
@@ -41,17 +46,23 @@ def read_rows(dataset: str, columns: list[str]) -> tuple[torch.Tensor, np.ndarra
     ds = splits.get("test", splits["train"]) if len(splits) > 1 else splits["train"]
     missing = [c for c in columns if c not in ds.column_names]
     if missing:
-        raise ConfigError(f"--dataset: {source} lacks the run's input columns {', '.join(missing)} (it has {', '.join(ds.column_names)})")
+        raise ConfigError(
+            f"--dataset: {source} lacks the run's input columns {', '.join(missing)} (it has "
+            f"{', '.join(ds.column_names)})"
+        )
     table = ds.with_format("arrow")
     try:
         features = np.concatenate([_numeric_rows(table[c]) for c in columns], axis=1)
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"--dataset: the input columns of {source} are not numeric like the training data's ({e})") from None
+        raise ConfigError(
+            f"--dataset: the input columns of {source} are not numeric like the training data's ({e})"
+        ) from None
     return torch.from_numpy(features), ds, source
 
 
 def read_images(dataset: str, columns: list[str], meta: dict) -> tuple[torch.Tensor, object, str]:
-    """The images of the run's image column, prepared as in training without augmentation: converted, resized, normalised."""
+    """The images of the run's image column, prepared as in training without augmentation: converted, resized and
+    normalised."""
     from .data import _load_raw, _named_splits
     from .data.images import ImageLook, ImageRows
 
@@ -59,30 +70,43 @@ def read_images(dataset: str, columns: list[str], meta: dict) -> tuple[torch.Ten
     splits = _named_splits(raw)
     ds = splits.get("test", splits["train"]) if len(splits) > 1 else splits["train"]
     if columns[0] not in ds.column_names:
-        raise ConfigError(f"--dataset: {source} lacks the run's image column {columns[0]} (it has {', '.join(ds.column_names)})")
+        raise ConfigError(
+            f"--dataset: {source} lacks the run's image column {columns[0]} (it has {', '.join(ds.column_names)})"
+        )
     look = json.loads(meta["image_look"])
     look = ImageLook(look["mode"], look["size"], torch.tensor(look["mean"]), torch.tensor(look["std"]))
     rows = ImageRows(ds, columns[0], torch.zeros(len(ds), dtype=torch.long), "predict", look)
-    return torch.cat([rows.__getitems__(list(range(i, min(i + 256, len(ds)))))[0] for i in range(0, len(ds), 256)]), ds, source
+    return (
+        torch.cat([rows.__getitems__(list(range(i, min(i + 256, len(ds)))))[0] for i in range(0, len(ds), 256)]),
+        ds,
+        source,
+    )
 
 
 def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
     weights = weights_file(run_dir)
     _, cfg, meta = read_weights_metadata(weights)
-    if cfg.task != "classify":
+    if cfg.data.task != "classify":
         raise ConfigError(f"run_dir: {run_dir} is a language-model run; use `anytrain sample {run_dir}`")
     if "input_columns" not in meta:
-        raise ConfigError(f"run_dir: no input columns were saved with {run_dir} (trained on generated data, or by an older anytrain)")
+        raise ConfigError(
+            f"run_dir: no input columns were saved with {run_dir} (trained on generated data, or by an older anytrain)"
+        )
     columns = json.loads(meta["input_columns"])
     names = json.loads(meta["class_names"]) if "class_names" in meta else None
     features, ds, source = read_images(dataset, columns, meta) if "image_look" in meta else read_rows(dataset, columns)
     if "num_features" in meta and features.shape[1] != int(meta["num_features"]):
-        raise ConfigError(f"--dataset: {source} gives {features.shape[1]} features per row; the run was trained on {meta['num_features']}")
+        raise ConfigError(
+            f"--dataset: {source} gives {features.shape[1]} features per row; the run was trained on "
+            f"{meta['num_features']}"
+        )
     model = load_model(weights)
     with torch.no_grad():
-        probs = torch.cat([model(features[i : i + batch_size]).float().softmax(-1) for i in range(0, len(features), batch_size)])
+        probs = torch.cat(
+            [model(features[i : i + batch_size]).float().softmax(-1) for i in range(0, len(features), batch_size)]
+        )
     best, ids = probs.max(-1)
-    labels = ds[cfg.label_column] if cfg.label_column in ds.column_names else None
+    labels = ds[cfg.data.label_column] if cfg.data.label_column in ds.column_names else None
     rows = []
     for i, (k, p) in enumerate(zip(ids.tolist(), best.tolist())):
         row = {"row": i, "class_id": k, "class_name": names[k] if names else None, "probability": p}
@@ -103,9 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     if args.output:
         out = Path(args.output)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(out)
+        write_atomically(out, text)
         print(f"anytrain predict: {text.count(chr(10))} predictions written to {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

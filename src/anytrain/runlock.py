@@ -77,7 +77,8 @@ class RunLock:
                 os.close(fd)
                 who = f"another run ({holder})" if holder else "another process"
                 raise ConfigError(
-                    f"--output-dir: {self.run_dir} is in use by {who}; wait for it to finish, or choose another --output-dir"
+                    f"--output-dir: {self.run_dir} is in use by {who}; wait for it to finish, or choose another "
+                    "--output-dir"
                 ) from None
             except BaseException:
                 os.close(fd)

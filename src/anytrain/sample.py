@@ -22,30 +22,63 @@ from .tasks import vocab_of
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="anytrain sample", description="Print text sampled from a trained language-model run.")
     parser.add_argument("run_dir", help="run folder (or its model.safetensors) of a language-model run")
-    parser.add_argument("--prompt", default="\n", help="text to continue; cropped to the last block_size tokens (default: a newline)")
+    parser.add_argument(
+        "--prompt", default="\n", help="text to continue; cropped to the last block_size tokens (default: a newline)"
+    )
     parser.add_argument("--tokens", type=int, default=500, help="tokens to generate (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature, > 0; lower is more conservative (default: %(default)s)")
-    parser.add_argument("--top-k", type=int, default=0, help="sample only among the k likeliest tokens; 0 = all (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same text (default: %(default)s)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device to run on (default: %(default)s)")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        help="softmax temperature, > 0; lower is more conservative (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=0, help="sample only among the k likeliest tokens; 0 = all (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="random seed: the same seed gives the same text (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="device to run on (default: %(default)s)",
+    )
     return parser
 
 
-def sample(run_dir: str, prompt: str = "\n", tokens: int = 500, temperature: float = 0.8, top_k: int = 0, seed: int = 0, device: str = "cpu") -> str:
+def sample(
+    run_dir: str,
+    prompt: str = "\n",
+    tokens: int = 500,
+    temperature: float = 0.8,
+    top_k: int = 0,
+    seed: int = 0,
+    device: str = "cpu",
+) -> str:
     """The prompt followed by `tokens` sampled tokens, decoded. ConfigError on bad input."""
     from .gpt import generate
 
     weights = weights_file(run_dir)
     if tokens < 0 or temperature <= 0 or top_k < 0:
-        bad = "--tokens must not be negative" if tokens < 0 else "--temperature must be positive" if temperature <= 0 else "--top-k must not be negative"
+        bad = (
+            "--tokens must not be negative"
+            if tokens < 0
+            else "--temperature must be positive"
+            if temperature <= 0
+            else "--top-k must not be negative"
+        )
         raise ConfigError(bad)
     try:
         _, cfg, meta = read_weights_metadata(weights)
     except Exception as e:  # noqa: BLE001 - not a safetensors file written by anytrain
-        raise ConfigError(f"run_dir: cannot read {weights}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise ConfigError(
+            f"run_dir: cannot read {weights}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
     vocab = vocab_of(meta)
     if vocab is None:
-        raise ConfigError(f"run_dir: {run_dir} is a {cfg.task} run; sampling needs a language-model run (--task lm)")
+        raise ConfigError(
+            f"run_dir: {run_dir} is a {cfg.data.task} run; sampling needs a language-model run (--task lm)"
+        )
     if not prompt:
         raise ConfigError("--prompt must not be empty")
     try:
@@ -53,7 +86,9 @@ def sample(run_dir: str, prompt: str = "\n", tokens: int = 500, temperature: flo
     except KeyError as unknown:
         raise ConfigError(f"--prompt: characters not in the run's vocabulary: {unknown.args[0]!r}") from None
     model = load_model(weights).to(device)
-    context = torch.tensor(ids[-model.block_size :], dtype=torch.long, device=device)[None]  # longer prompts are cropped
+    context = torch.tensor(ids[-model.block_size :], dtype=torch.long, device=device)[
+        None
+    ]  # longer prompts are cropped
     generator = torch.Generator(device=device).manual_seed(seed)
     out = generate(model, context, tokens, temperature=temperature, top_k=top_k, generator=generator)
     return prompt + vocab.decode(out[0, context.shape[1] :].tolist())

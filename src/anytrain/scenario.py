@@ -56,23 +56,27 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     # torch.compile comes from the accelerate config (dynamo_config); if the machine cannot compile,
     # run eager rather than fail with a long traceback at the first step (describe() says so).
     eager = {"dynamo_backend": "no"} if compile_problem() else {}
-    if cfg.ddp_comm_hook == "bf16" and not torch.cuda.is_available():
-        raise ConfigError("--ddp-comm-hook bf16: torch's bf16 all-reduce needs NCCL on CUDA GPUs; on CPUs (gloo) use fp16 or none")
+    if cfg.run.ddp_comm_hook == "bf16" and not torch.cuda.is_available():
+        raise ConfigError(
+            "--ddp-comm-hook bf16: torch's bf16 all-reduce needs NCCL on CUDA GPUs; on CPUs (gloo) use fp16 or none"
+        )
     return Accelerator(
         # Experiment trackers, written by the main process; tensorboard logs under <output-dir>/trackers/<run name>.
         log_with=trackers(cfg),
-        project_config=ProjectConfiguration(project_dir=cfg.output_dir, logging_dir=os.path.join(cfg.output_dir, "trackers")),
+        project_config=ProjectConfiguration(
+            project_dir=cfg.run.output_dir, logging_dir=os.path.join(cfg.run.output_dir, "trackers")
+        ),
         # Without CUDA, cpu=True is what makes a multi-process launch join one gloo group
         # (otherwise each process trains alone); with CUDA the config decides.
         cpu=not torch.cuda.is_available(),
-        gradient_accumulation_steps=cfg.grad_accum_steps,
+        gradient_accumulation_steps=cfg.optim.grad_accum_steps,
         # The seedable sampler makes the shuffle order a function of (seed, epoch) on every rank,
         # which is what lets runs be compared across process counts and resumed exactly.
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.run.seed),
         # A collective that never completes (a rank stuck or gone) fails the job after this long
         # instead of hanging it; long enough for the main process to prepare a big dataset first.
         kwargs_handlers=[
-            InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=cfg.collective_timeout)),
+            InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=cfg.run.collective_timeout)),
             ddp_kwargs(cfg),
         ],
         **eager,
@@ -81,32 +85,36 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
 
 def ddp_kwargs(cfg: TrainConfig) -> DistributedDataParallelKwargs:
     """How DDP all-reduces gradients (docs/benchmarks.md, "DDP options", has what each setting buys)."""
-    hooks = {"none": DDPCommunicationHookType.NO, "fp16": DDPCommunicationHookType.FP16, "bf16": DDPCommunicationHookType.BF16}
+    hooks = {
+        "none": DDPCommunicationHookType.NO,
+        "fp16": DDPCommunicationHookType.FP16,
+        "bf16": DDPCommunicationHookType.BF16,
+    }
     return DistributedDataParallelKwargs(
         # The gradients become views into DDP's all-reduce buckets: one copy fewer per step, and one
         # gradient-sized buffer less memory. The numbers are unchanged.
         gradient_as_bucket_view=True,
         # Smaller buckets on CPUs: a 784-1024-1024 MLP's gradients then go out in three buckets, the
         # second layer's all-reduced while the first layer's backward runs (25 MB makes it wait).
-        bucket_cap_mb=cfg.ddp_bucket_mb or (25 if torch.cuda.is_available() else 5),
-        comm_hook=hooks[cfg.ddp_comm_hook],  # opt-in: 16-bit gradients on the wire change the numbers
+        bucket_cap_mb=cfg.run.ddp_bucket_mb or (25 if torch.cuda.is_available() else 5),
+        comm_hook=hooks[cfg.run.ddp_comm_hook],  # opt-in: 16-bit gradients on the wire change the numbers
     )
 
 
 def trackers(cfg: TrainConfig):
     """accelerate's log_with for --report-to; a tracker that is not installed is one line naming its extra."""
-    if cfg.report_to == "none":
+    if cfg.run.report_to == "none":
         return None
-    if cfg.report_to == "all":
+    if cfg.run.report_to == "all":
         return "all"
     import accelerate.utils as available
 
-    if not getattr(available, f"is_{cfg.report_to}_available")():
+    if not getattr(available, f"is_{cfg.run.report_to}_available")():
         raise ConfigError(
-            f"--report-to {cfg.report_to}: the {TRACKER_PACKAGES[cfg.report_to]} package is not installed "
-            f"(pip install 'anytrain[{cfg.report_to}]')"
+            f"--report-to {cfg.run.report_to}: the {TRACKER_PACKAGES[cfg.run.report_to]} package is not installed "
+            f"(pip install 'anytrain[{cfg.run.report_to}]')"
         )
-    return [cfg.report_to]
+    return [cfg.run.report_to]
 
 
 def requested_compile_backend() -> str:
@@ -194,7 +202,10 @@ def describe(accelerator: Accelerator) -> dict:
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "false" and not torch.cuda.is_available():
         warnings.append("the accelerate config asks for GPUs but this machine has no CUDA device: training on the CPU")
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and state.distributed_type != DistributedType.FSDP:
-        warnings.append(f"FSDP was requested but runs only on GPUs: training with {state.distributed_type.value} (every rank holds the whole model)")
+        warnings.append(
+            f"FSDP was requested but runs only on GPUs: training with {state.distributed_type.value} (every rank "
+            "holds the whole model)"
+        )
     restart = restart_problem()
     if restart:
         warnings.append(restart)
@@ -209,7 +220,8 @@ def describe(accelerator: Accelerator) -> dict:
         asked = launcher_num_processes()
         warnings.append(
             f"{asked or 'several'} processes were asked for but 1 started: accelerate 1.15 starts only one for "
-            "distributed_type MULTI_CPU (or --cpu --num_processes N), so this trains with 1 process. For 2 CPU ranks use "
+            "distributed_type MULTI_CPU (or --cpu --num_processes N), so this trains with 1 process. For 2 CPU ranks "
+            "use "
             "`accelerate launch --config_file accelerate_configs/multi_cpu.yaml`"
         )
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else None
@@ -238,6 +250,10 @@ def format_scenario(s: dict) -> str:
         f"anytrain: {group}, {s['num_processes']} process(es), device {s['device']} ({s['device_name']}), "
         f"precision {s['mixed_precision']}, {s['cpu_threads_per_process']} CPU thread(s) per process"
         + (f", torch.compile ({s['compile']})" if s.get("compile") else "")
-        + (f", gradients all-reduced in {s['gradient_all_reduce']}" if s.get("gradient_all_reduce") not in (None, "fp32") else "")
+        + (
+            f", gradients all-reduced in {s['gradient_all_reduce']}"
+            if s.get("gradient_all_reduce") not in (None, "fp32")
+            else ""
+        )
     )
     return "\n".join([line] + [f"anytrain: WARNING: {w}" for w in s["warnings"]])

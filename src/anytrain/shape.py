@@ -1,7 +1,10 @@
-"""What a model is told about the data: the one argument, besides the config, that every model
-factory receives (the registry's and a user's `--model module:factory` alike).
+"""What a model is told about the data: the one argument, besides the config's model section,
+that every model factory receives (the registry's and a user's `--model module:factory` alike).
 
-    def factory(cfg: TrainConfig, shape: DataShape) -> nn.Module
+    def factory(model: ModelConfig, shape: DataShape) -> nn.Module
+
+`model` holds --model (as model.name), --hidden-sizes, --channels, --blocks-per-stage, --n-layer,
+--n-head, --n-embd and --dropout (config.py); `shape` the sizes below.
 
 The module maps a batch of inputs to logits:
 
@@ -29,7 +32,9 @@ class DataShape:
     image_size: int = 0  # image: height = width after resizing
     vocab_size: int = 0  # text: token ids are in [0, vocab_size)
     block_size: int = 0  # text: tokens per input window
-    feature_mean: torch.Tensor | None = field(default=None, repr=False)  # tabular: per-column statistics of the training split
+    feature_mean: torch.Tensor | None = field(
+        default=None, repr=False
+    )  # tabular: per-column statistics of the training split
     feature_std: torch.Tensor | None = field(default=None, repr=False)
 
     def example_inputs(self, batch: int = 2) -> torch.Tensor:
@@ -38,7 +43,11 @@ class DataShape:
             return torch.zeros(batch, self.block_size, dtype=torch.long)
         if self.kind == "image":
             return torch.zeros(batch, self.channels, self.image_size, self.image_size)
-        return torch.zeros(batch, self.num_features) if self.feature_mean is None else self.feature_mean.expand(batch, -1).clone()
+        return (
+            torch.zeros(batch, self.num_features)
+            if self.feature_mean is None
+            else self.feature_mean.expand(batch, -1).clone()
+        )
 
     def logits_shape(self, batch: int = 2) -> tuple[int, ...]:
         return (batch, self.block_size, self.vocab_size) if self.kind == "text" else (batch, self.num_classes)

@@ -7,7 +7,7 @@ inputs to logits, and the loss is cross-entropy of the logits against the target
 - lm: inputs are windows of block_size token ids, targets the same windows shifted by one
   token, logits (batch, block_size, vocabulary): next-token cross-entropy over every position.
 
-Evaluation is written once for both (`per_sample`): each sample's mean loss and accuracy over its
+Evaluation is written once for both (`evaluate`, `per_sample`): each sample's mean loss and accuracy over its
 positions (one position for a class label, block_size for a window).
 """
 
@@ -32,6 +32,26 @@ def per_sample(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tens
     return losses.view(len(targets), -1).mean(1), hits.view(len(targets), -1).float().mean(1)
 
 
+def evaluate(model: nn.Module, batches, gather=None) -> dict:
+    """Mean loss and accuracy over a split of (inputs, targets) batches. With several processes,
+    `gather` is accelerator.gather_for_metrics: it is given per-sample values, so it can drop the
+    samples padded into the last batch, and the result equals a single-process evaluation."""
+    model.eval()
+    totals, count = None, 0
+    with torch.no_grad():
+        for inputs, targets in batches:
+            losses, hits = per_sample(model(inputs), targets)
+            if gather is not None:
+                losses, hits = gather((losses, hits))
+            batch = torch.stack(
+                [losses.double().sum(), hits.double().sum()]
+            )  # summed on the device: no host sync per batch
+            totals = batch if totals is None else totals + batch
+            count += len(hits)
+    loss_sum, hit_sum = totals.tolist()
+    return {"loss": loss_sum / count, "accuracy": hit_sum / count, "samples": count}
+
+
 class TokenCrossEntropy(nn.Module):
     """Next-token cross-entropy averaged over every position of every window."""
 
@@ -43,16 +63,31 @@ def model_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-class Classification:
+class Task:
+    """What every task shares: the model is built from the model section and the data's shape, and
+    rebuilt for inference from the shape saved with the weights."""
+
+    name: str
+
+    def build_model(self, cfg: TrainConfig, data, given=None) -> nn.Module:
+        return make_model(cfg.model, data.shape(), given)
+
+    def model_from_metadata(self, cfg: TrainConfig, meta: dict, given=None) -> nn.Module:
+        shape = DataShape.from_json(meta["data_shape"]) if "data_shape" in meta else self.legacy_shape(cfg, meta)
+        return make_model(cfg.model, shape, given)
+
+    def legacy_shape(self, cfg: TrainConfig, meta: dict) -> DataShape:
+        """The shape of a run saved before data_shape was stored with the weights."""
+        raise NotImplementedError
+
+
+class Classification(Task):
     name = "classify"
 
     def load_data(self, cfg: TrainConfig, given=None):
         from .data import load_splits
 
         return load_splits(cfg, given)
-
-    def build_model(self, cfg: TrainConfig, data, given=None) -> nn.Module:
-        return make_model(cfg, data.shape(), given)
 
     def criterion(self) -> nn.Module:
         return nn.CrossEntropyLoss()
@@ -72,29 +107,25 @@ class Classification:
         if data.input_columns:
             extra["input_columns"] = json.dumps(data.input_columns)
         if shape.kind == "image":  # what predict needs to prepare new images the same way
-            extra["image_look"] = json.dumps({"mode": data.look.mode, "size": data.look.size, "mean": data.look.mean.tolist(), "std": data.look.std.tolist()})
+            look = data.look
+            extra["image_look"] = json.dumps(
+                {"mode": look.mode, "size": look.size, "mean": look.mean.tolist(), "std": look.std.tolist()}
+            )
         else:
             extra["num_features"] = str(data.num_features)
         return {"data_shape": shape.to_json(), "num_classes": str(data.num_classes), **extra}
 
-    def model_from_metadata(self, cfg: TrainConfig, meta: dict, given=None) -> nn.Module:
-        if "data_shape" in meta:
-            shape = DataShape.from_json(meta["data_shape"])
-        else:  # runs saved before data_shape existed
-            shape = DataShape("tabular", num_classes=int(meta["num_classes"]), num_features=int(meta["num_features"]))
-        return make_model(cfg, shape, given)
+    def legacy_shape(self, cfg: TrainConfig, meta: dict) -> DataShape:
+        return DataShape("tabular", num_classes=int(meta["num_classes"]), num_features=int(meta["num_features"]))
 
 
-class LanguageModel:
+class LanguageModel(Task):
     name = "lm"
 
     def load_data(self, cfg: TrainConfig, given=None):
         from .data.text import load_text_splits
 
         return load_text_splits(cfg, given)
-
-    def build_model(self, cfg: TrainConfig, data, given=None) -> nn.Module:
-        return make_model(cfg, data.shape(), given)
 
     def criterion(self) -> nn.Module:
         return TokenCrossEntropy()
@@ -116,21 +147,17 @@ class LanguageModel:
     def weights_metadata(self, data) -> dict:
         return {"vocab": data.vocab.to_json(), "data_shape": data.shape().to_json()}
 
-    def model_from_metadata(self, cfg: TrainConfig, meta: dict, given=None) -> nn.Module:
+    def legacy_shape(self, cfg: TrainConfig, meta: dict) -> DataShape:
         from .data.text import Vocab
 
-        if "data_shape" in meta:
-            shape = DataShape.from_json(meta["data_shape"])
-        else:
-            shape = DataShape("text", vocab_size=Vocab.from_json(meta["vocab"]).size, block_size=cfg.block_size)
-        return make_model(cfg, shape, given)
+        return DataShape("text", vocab_size=Vocab.from_json(meta["vocab"]).size, block_size=cfg.data.block_size)
 
 
 TASKS = {"classify": Classification(), "lm": LanguageModel()}
 
 
-def get_task(cfg: TrainConfig):
-    return TASKS[cfg.task]
+def get_task(cfg: TrainConfig) -> Task:
+    return TASKS[cfg.data.task]
 
 
 def vocab_of(meta: dict):

@@ -1,15 +1,16 @@
 """The training loop: a plain PyTorch loop plus a few accelerate calls, each commented.
 
-`train()` sets the run up, `Loop.train_epoch()` holds the per-batch step, `Loop.after_step()`
-the bookkeeping of one optimizer step (log, validate, checkpoint, stop), `finish()` the test
-evaluation and the run folder. What differs between tasks (classification, language modelling)
-lives in tasks.py: the data, the model, the loss and the metric names.
+`train()` sets the run up (hardware, data, model, optimizer, a resumed position). `Loop.run()` is
+the loop itself, read top to bottom: the epochs, the per-batch step, then one line for each thing
+that happens every N optimizer steps (log, validate, stop on a signal, checkpoint); the methods
+after it hold only those bodies. `finish()` evaluates the test split and writes the run folder.
+What differs between tasks (classification, language modelling) lives in tasks.py: the data, the
+model, the loss and the metric names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import signal
@@ -37,35 +38,11 @@ from .checkpoint import (
 from .config import ConfigError, TrainConfig
 from .data import loader_workers, make_loader
 from .optim import build_optimizer, build_scheduler
-from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, write_json
+from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weights_fingerprint, write_json
 from .runlock import RunLock
 from .scenario import describe, format_scenario, make_accelerator
-from .tasks import get_task, per_sample
+from .tasks import evaluate, get_task
 from .usermodel import model_name
-
-
-def evaluate(model: nn.Module, loader, accelerator) -> dict:
-    """Mean loss and accuracy over the whole split, equal to a single-process evaluation."""
-    model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
-    hit_sum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
-    count = 0
-    with torch.no_grad():
-        for inputs, targets in loader:
-            losses, hits = per_sample(model(inputs), targets)
-            # Per-sample values, so gather_for_metrics can drop the samples padded into the last batch.
-            losses, hits = accelerator.gather_for_metrics((losses, hits))
-            loss_sum += losses.double().sum()
-            hit_sum += hits.double().sum()
-            count += len(hits)
-    return {"loss": loss_sum.item() / count, "accuracy": hit_sum.item() / count, "samples": count}
-
-
-def weights_fingerprint(model: nn.Module) -> str:
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def load_data(accelerator, cfg: TrainConfig, given=None):
@@ -82,7 +59,9 @@ class Preempted(Exception):
     """SIGTERM/SIGINT arrived: a checkpoint was saved; exit with 128 + the signal number."""
 
     def __init__(self, signum: int, checkpoint: Path):
-        super().__init__(f"stopped by {signal.Signals(signum).name}; checkpoint saved in {checkpoint}; continue with --resume")
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name}; checkpoint saved in {checkpoint}; continue with --resume"
+        )
         self.exit_code = 128 + signum
 
 
@@ -113,20 +92,23 @@ class Throughput:
     is the first optimizer step (compilation, allocator warm-up), reported on its own."""
 
     def __init__(self):
-        self.window_start = self.start = time.perf_counter()
+        self.begun = self.window_start = self.start = time.perf_counter()
         self.window = [0, 0]  # samples, tokens since the last log line
         self.total = [0, 0]  # since the end of the first step
         self.paused_s = 0.0  # pauses since the end of the first step
         self.first_step_s: float | None = None
+        self.ended: float | None = None
 
     def add(self, samples: int, tokens: int) -> None:
         self.window[0] += samples
         self.window[1] += tokens
 
-    def first_step_done(self) -> None:
-        self.first_step_s = time.perf_counter() - self.start
-        self.start, self.paused_s = time.perf_counter(), 0.0
-        self.total = [-self.window[0], -self.window[1]]  # what the window holds so far belongs to the first step
+    def step_done(self) -> None:
+        """An optimizer step is complete; the first one is timed on its own."""
+        if self.first_step_s is None:
+            self.first_step_s = time.perf_counter() - self.start
+            self.start, self.paused_s = time.perf_counter(), 0.0
+            self.total = [-self.window[0], -self.window[1]]  # what the window holds so far belongs to the first step
 
     def take_window(self) -> tuple[int, int, float]:
         """(samples, tokens, seconds) since the last call, then a new window."""
@@ -137,8 +119,17 @@ class Throughput:
         self.window, self.window_start = [0, 0], now
         return samples, tokens, seconds
 
+    def finish(self) -> None:
+        """The loop is over: the last window is counted and the clocks stop."""
+        self.take_window()
+        self.ended = time.perf_counter()
+
     def train_seconds(self) -> float:
-        return time.perf_counter() - self.start - self.paused_s
+        return self.ended - self.start - self.paused_s
+
+    def loop_seconds(self) -> float:
+        """The whole loop, validations and checkpoints included."""
+        return self.ended - self.begun
 
     @contextlib.contextmanager
     def paused(self):
@@ -147,6 +138,41 @@ class Throughput:
         pause = time.perf_counter() - pause_start
         self.window_start += pause
         self.paused_s += pause
+
+
+class LossWindow:
+    """This rank's batch losses since the last log line, with their step numbers; saved in
+    checkpoints, so the first log line after a resume is the one the run would have written."""
+
+    def __init__(self, saved: list, device: torch.device):
+        self.device = device
+        self.steps = [step for step, _ in saved]
+        self.losses = [torch.tensor(loss, device=device) for _, loss in saved]
+
+    def add(self, step: int, loss: torch.Tensor) -> None:
+        self.steps.append(step)
+        self.losses.append(loss)  # a tensor: no .item() here, a host sync every batch would stall a GPU
+
+    def mean(self, accelerator: Accelerator, signalled: bool) -> tuple[float | None, bool]:
+        """One all-reduce: the mean loss over every rank's window (None when all are empty), and
+        whether any rank received a stop signal."""
+        losses = torch.stack(self.losses).float() if self.losses else torch.zeros(0, device=self.device)
+        counts = torch.tensor([float(len(self.losses)), float(signalled)], device=self.device)
+        total = accelerator.reduce(torch.cat([losses.sum().view(1), counts]), "sum")
+        mean = (total[0] / total[1]).item() if total[1] > 0 else None
+        return mean, bool(total[2].item())
+
+    def first_non_finite_step(self) -> int:
+        """Collective: the first step, over all ranks, whose batch loss was NaN or infinite."""
+        bad = [step for step, loss in zip(self.steps, self.losses) if not torch.isfinite(loss)]
+        return min(gather_object([bad[0] if bad else 10**12]))
+
+    def state(self) -> list:
+        return [(step, loss.item()) for step, loss in zip(self.steps, self.losses)]
+
+    def clear(self) -> None:
+        self.steps.clear()
+        self.losses.clear()
 
 
 @dataclass
@@ -178,7 +204,7 @@ class Given:
 def train(cfg: TrainConfig, given: Given | None = None) -> dict:
     cfg = resolve_auto_resume(cfg)  # --resume auto: continue if there is a checkpoint, else start
     signals = StopSignals()
-    lock = RunLock(cfg.output_dir)  # one run per run folder, held by the main process for the run's life
+    lock = RunLock(cfg.run.output_dir)  # one run per run folder, held by the main process for the run's life
     try:
         return _train(cfg, signals, lock, given or Given())
     finally:
@@ -199,8 +225,8 @@ def _train(cfg: TrainConfig, signals: StopSignals, lock: RunLock, given: Given) 
     accelerator.print(format_scenario(scenario))
     parts = setup(cfg, accelerator, lock, given)
     loop = Loop(cfg, parts, signals)
-    loop.run()
-    return finish(cfg, parts, loop, scenario, started)
+    stopped_early_at = loop.run()
+    return finish(cfg, parts, loop, {"stopped_early_at_epoch": stopped_early_at, "scenario": scenario}, started)
 
 
 def take_lock(accelerator: Accelerator, lock: RunLock) -> None:
@@ -220,26 +246,29 @@ def take_lock(accelerator: Accelerator, lock: RunLock) -> None:
 
 
 def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Given) -> Parts:
-    run_dir = Path(cfg.output_dir)
+    run_dir = Path(cfg.run.output_dir)
     # Every check that can refuse the run happens before anything is written.
     check_run_folder(cfg)
-    resume_from, pointer_warning = find_resume_checkpoint(cfg) if cfg.resume else (None, None)
-    set_seed(cfg.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
+    resume_from, pointer_warning = find_resume_checkpoint(cfg) if cfg.run.resume else (None, None)
+    set_seed(cfg.run.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
     task = get_task(cfg)
     data = load_data(accelerator, cfg, given.dataset)
     check_writable(run_dir)
     take_lock(accelerator, lock)
 
     model = task.build_model(cfg, data, given.model)
-    optimizer = build_optimizer(cfg, model, accelerator.device.type)
-    loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in (data.train, data.validation, data.test) if split is not None]
-    # Moves the model to the device, wraps it for DDP/FSDP, mixed precision and torch.compile, and shards the loaders by rank.
+    optimizer = build_optimizer(cfg.optim, model, accelerator.device.type)
+    splits = [split for split in (data.train, data.validation, data.test) if split is not None]
+    loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in splits]
+    # Moves the model to the device, wraps it for DDP/FSDP, mixed precision, torch.compile; shards the loaders by rank.
     model, optimizer, *loaders = accelerator.prepare(model, optimizer, *loaders)
-    batches = epoch_batches(loaders[0])
-    steps_per_epoch = math.ceil(batches / cfg.grad_accum_steps) if batches is not None else math.inf  # the last, short cycle still steps
-    total_steps = min(cfg.max_steps or math.inf, cfg.epochs * steps_per_epoch)  # a stream has no length: --max-steps then
-    scheduler = build_scheduler(cfg, optimizer, total_steps)
-    described = {"model": model_name(cfg, data.shape()), "num_workers": loader_workers(data.train, cfg), **task.describe_data(data, model_of(accelerator, model))}
+    total_steps = count_steps(cfg, loaders[0])
+    scheduler = build_scheduler(cfg.optim, optimizer, total_steps)
+    described = {
+        "model": model_name(cfg.model, data.shape()),
+        "num_workers": loader_workers(data.train, cfg),
+        **task.describe_data(data, model_of(accelerator, model)),
+    }
     progress = Progress(config=cfg.to_dict(), data=described)
     if resume_from is not None:
         if pointer_warning:
@@ -248,16 +277,42 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
         progress.load_state_dict(state["progress"])
         scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
+    open_run_folder(cfg, accelerator, resumed_at_step=progress.step if resume_from else None)
+    test_loader = loaders[2] if len(loaders) > 2 else None
+    return Parts(
+        accelerator,
+        task,
+        data,
+        model,
+        optimizer,
+        scheduler,
+        *loaders[:2],
+        test_loader,
+        progress,
+        total_steps,
+        resume_from,
+    )
+
+
+def count_steps(cfg: TrainConfig, train_loader) -> int | float:
+    """Optimizer steps the run will take: the last, short accumulation cycle of an epoch still steps;
+    a stream has no length, so --max-steps then."""
+    batches = epoch_batches(train_loader)
+    steps_per_epoch = math.ceil(batches / cfg.optim.grad_accum_steps) if batches is not None else math.inf
+    return min(cfg.optim.max_steps or math.inf, cfg.optim.epochs * steps_per_epoch)
+
+
+def open_run_folder(cfg: TrainConfig, accelerator: Accelerator, resumed_at_step: int | None) -> None:
+    """The main process (re)starts the run folder once every rank has loaded; trackers get the config."""
+    run_dir = Path(cfg.run.output_dir)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        note = start_run_folder(run_dir, cfg, resumed_at_step=progress.step if resume_from else None)
+        note = start_run_folder(run_dir, cfg, resumed_at_step=resumed_at_step)
         if note:
             accelerator.print(f"anytrain: {note}")
-    if cfg.report_to != "none":  # the config as the run's hyper-parameters (trackers take scalars)
-        hparams = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in cfg.to_dict().items()}
-        accelerator.init_trackers(cfg.run_name or run_dir.resolve().name, config=hparams)
-    test_loader = loaders[2] if len(loaders) > 2 else None
-    return Parts(accelerator, task, data, model, optimizer, scheduler, loaders[0], loaders[1], test_loader, progress, total_steps, resume_from)
+    if cfg.run.report_to != "none":  # the config as the run's hyper-parameters (trackers take scalars)
+        hparams = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in cfg.flat().items()}
+        accelerator.init_trackers(cfg.run.run_name or run_dir.resolve().name, config=hparams)
 
 
 def epoch_batches(loader) -> int | None:
@@ -274,163 +329,170 @@ def model_of(accelerator: Accelerator, model: nn.Module) -> nn.Module:
 
 
 class Loop:
-    """The epochs and steps of one run; its fields are the loop's state between steps."""
+    """One run's epochs and steps. Its fields are what lives from one step to the next."""
 
     def __init__(self, cfg: TrainConfig, parts: Parts, signals: StopSignals):
         self.cfg, self.parts, self.signals = cfg, parts, signals
-        self.accelerator, self.progress = parts.accelerator, parts.progress
-        self.run_dir = Path(cfg.output_dir)
-        self.criterion = parts.task.criterion()
-        tracker = self.accelerator.log if cfg.report_to != "none" else None
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl" if self.accelerator.is_main_process else None, tracker)
+        accelerator, run_dir = parts.accelerator, Path(cfg.run.output_dir)
+        tracker = accelerator.log if cfg.run.report_to != "none" else None
+        self.log = MetricsLog(run_dir / "metrics.jsonl" if accelerator.is_main_process else None, tracker)
+        show = cfg.run.progress and accelerator.is_main_process
         self.bar = tqdm(
-            total=parts.total_steps, initial=self.progress.step, unit="step", dynamic_ncols=True,
-            disable=not (cfg.progress and self.accelerator.is_main_process),
+            total=parts.total_steps, initial=parts.progress.step, unit="step", dynamic_ncols=True, disable=not show
         )
-        # This rank's batch losses since the last log, with their step numbers (restored on resume).
-        self.window_steps = [step for step, _ in self.progress.window]
-        self.window_losses = [torch.tensor(loss, device=self.accelerator.device) for _, loss in self.progress.window]
+        self.window = LossWindow(parts.progress.window, accelerator.device)  # restored on resume
         self.speed = Throughput()
-        self.first_step = self.progress.step + 1
-        self.val: dict = {}
+        self.val: dict = {}  # the last validation's metrics
         self.improved_at = -1  # step of the last validation that improved the best loss
-        self.skipped_steps = 0
-        self.epoch = self.progress.epoch
-        self.train_seconds = self.loop_seconds = 0.0
-        self.stopped_early = self.stop_signal = self.validated = self.epoch_ran_out = False
+        self.skipped_steps = 0  # fp16 overflows: optimizer steps without an update
 
-    def run(self) -> None:
-        cfg, progress = self.cfg, self.progress
-        loop_start = time.perf_counter()
-        for epoch in range(progress.epoch, cfg.epochs if progress.step < self.parts.total_steps else 0):
-            self.epoch = progress.epoch = epoch
-            self.train_epoch(epoch)
-            with self.speed.paused():
-                self.end_epoch(epoch)
-            if self.finished():
-                break
-        self.speed.take_window()
-        self.train_seconds = self.speed.train_seconds()
-        self.loop_seconds = time.perf_counter() - loop_start  # validations and checkpoints included
-        self.bar.close()
-
-    def train_epoch(self, epoch: int) -> None:
-        accelerator, model, optimizer, cfg = self.accelerator, self.parts.model, self.parts.optimizer, self.cfg
-        model.train()
-        self.parts.train_loader.set_epoch(epoch)  # the shuffle order is a function of (seed, epoch): resumable, the same on every rank
-        self.parts.data.train.set_epoch(epoch)  # so is the augmentation of images (accelerate only tells the sampler)
-        # Resuming mid-epoch: skip the batches this epoch already trained on (same order, thanks to set_epoch).
-        done = self.progress.batches_done
-        batches = accelerator.skip_first_batches(self.parts.train_loader, done) if done else self.parts.train_loader
-        self.validated = False
-        self.epoch_ran_out = False
-        for inputs, targets in batches:
-            with accelerator.accumulate(model):  # gradients are all-reduced and applied once per grad_accum_steps batches
-                outputs = model(inputs)
-                loss = self.criterion(outputs, targets)
-                accelerator.backward(loss)  # scales the loss under fp16 and divides it for accumulation
-                if accelerator.sync_gradients and cfg.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # unscales first under fp16
-                optimizer.step()  # a no-op until the accumulation cycle is complete
-                optimizer.zero_grad()
-            self.window_losses.append(loss.detach())  # no .item() here: a host sync every batch would stall a GPU
-            self.window_steps.append(self.progress.step + 1)
-            self.speed.add(len(targets) * accelerator.num_processes, targets.numel() * accelerator.num_processes)
-            self.progress.batches_done += 1
-            if accelerator.sync_gradients:
-                self.after_step()
-                if self.finished():
+    def run(self) -> int | None:
+        """Train until the epochs or --max-steps run out or early stopping says stop; returns the
+        epoch at which early stopping stopped the run, None when it did not."""
+        cfg, parts, progress, accelerator = self.cfg, self.parts, self.parts.progress, self.parts.accelerator
+        model, optimizer, criterion = parts.model, parts.optimizer, parts.task.criterion()
+        log_every, save_every = cfg.run.log_every_steps, cfg.run.checkpoint_every_steps
+        eval_every, clip = cfg.eval.eval_every_steps, cfg.optim.max_grad_norm
+        epoch_length = epoch_batches(parts.train_loader) or math.inf  # a stream's epoch ends when it runs out
+        stop_early = False
+        for epoch in range(progress.epoch, cfg.optim.epochs if progress.step < parts.total_steps else 0):
+            progress.epoch, validated_at, ran_out = epoch, None, True
+            model.train()
+            for inputs, targets in self.batches(epoch):
+                with accelerator.accumulate(model):  # all-reduced and applied once per grad_accum_steps batches
+                    outputs = model(inputs)
+                    loss = criterion(outputs, targets)
+                    accelerator.backward(loss)  # scales the loss under fp16 and divides it for accumulation
+                    if accelerator.sync_gradients and clip:
+                        accelerator.clip_grad_norm_(model.parameters(), clip)  # unscales first under fp16
+                    optimizer.step()  # a no-op until the accumulation cycle is complete
+                    optimizer.zero_grad()
+                self.window.add(progress.step + 1, loss.detach())
+                self.speed.add(len(targets) * accelerator.num_processes, targets.numel() * accelerator.num_processes)
+                progress.batches_done += 1
+                if not accelerator.sync_gradients:
+                    continue  # inside an accumulation cycle: no optimizer step yet
+                self.step_done()
+                signalled = False
+                if progress.step % log_every == 0 or (accelerator.num_processes == 1 and self.signals.received):
+                    signalled = self.log_train()
+                if eval_every and progress.step % eval_every == 0:
+                    stop_early, validated_at = self.validate() or stop_early, progress.step
+                if signalled:  # SIGTERM/SIGINT on any rank: this step is done; save together, then exit 143/130
+                    raise Preempted(self.signals.received or signal.SIGTERM, self.checkpoint())
+                if save_every and progress.step % save_every == 0:
+                    self.checkpoint()
+                if stop_early or progress.step >= parts.total_steps:
+                    ran_out = False
                     break
-        else:
-            self.epoch_ran_out = True  # the data ran out (how a stream's epoch ends)
+            if validated_at != progress.step:  # every epoch ends with a validation, unless one just ran
+                stop_early = self.validate() or stop_early
+            self.say_epoch()
+            if ran_out or progress.batches_done >= epoch_length:  # the epoch ran to its end
+                progress.epoch, progress.batches_done = epoch + 1, 0
+            self.checkpoint()
+            if stop_early or progress.step >= parts.total_steps:
+                break
+        self.speed.finish()
+        self.bar.close()
+        return epoch if stop_early else None
 
-    def after_step(self) -> None:
-        """One optimizer step is complete: schedule, log, validate, stop on a signal, checkpoint."""
-        cfg, progress = self.cfg, self.progress
-        if self.accelerator.optimizer_step_was_skipped:  # fp16 overflow: no update, so no schedule advance
+    def batches(self, epoch: int):
+        """This epoch's training batches. The shuffle order and the images' augmentation are functions of
+        (seed, epoch), the same on every rank, so a resumed epoch skips exactly the batches it trained on."""
+        loader = self.parts.train_loader
+        loader.set_epoch(epoch)  # the sampler's order (accelerate's seedable sampler)
+        self.parts.data.train.set_epoch(epoch)  # the augmentation (accelerate only tells the sampler)
+        done = self.parts.progress.batches_done
+        return self.parts.accelerator.skip_first_batches(loader, done) if done else loader
+
+    def step_done(self) -> None:
+        """An optimizer step is complete: advance the schedule (unless fp16 skipped the update), the count, the bar."""
+        if self.parts.accelerator.optimizer_step_was_skipped:
             self.skipped_steps += 1
         else:
             self.parts.scheduler.step()
-        progress.step += 1
+        self.parts.progress.step += 1
         self.bar.update(1)
-        if progress.step == self.first_step:
-            self.speed.first_step_done()
-        self.validated = False
-        if progress.step % cfg.log_every_steps == 0 or (self.accelerator.num_processes == 1 and self.signals.received):
-            self.log_train()
-        if cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0:
-            with self.speed.paused():
-                self.validate()
-        if self.stop_signal:  # SIGTERM/SIGINT: this step is finished; save together, then exit 143/130
-            raise Preempted(self.signals.received or signal.SIGTERM, self.checkpoint())
-        if cfg.checkpoint_every_steps and progress.step % cfg.checkpoint_every_steps == 0:
-            with self.speed.paused():
-                self.checkpoint()
+        self.speed.step_done()
 
-    def end_epoch(self, epoch: int) -> None:
-        if not self.validated:  # every epoch ends with a validation (unless one just ran at this step)
-            self.validate()
-        if self.accelerator.is_main_process:
-            metrics = ", ".join(f"val_{k} {v:.4f}" for k, v in self.val.items())
-            tqdm.write(f"epoch {epoch}: step {self.progress.step}, {metrics}")
-        if self.epoch_ran_out or self.progress.batches_done >= (epoch_batches(self.parts.train_loader) or math.inf):  # the epoch ran to its end
-            self.progress.epoch, self.progress.batches_done = epoch + 1, 0
-        self.checkpoint()
-
-    def finished(self) -> bool:
-        return self.stopped_early or self.progress.step >= self.parts.total_steps
-
-    def log_train(self) -> None:
-        mean_loss, self.stop_signal = self.health()
-        samples, tokens, seconds = self.speed.take_window()
-        rates = self.parts.task.rates(samples, tokens, seconds)
+    def log_train(self) -> bool:
+        """Log the mean training loss since the last log line; returns whether any rank got SIGTERM/SIGINT."""
+        progress = self.parts.progress
+        mean_loss, signalled = self.window.mean(self.parts.accelerator, self.signals.received > 0)
+        self.check_finite(mean_loss)
+        rates = self.parts.task.rates(*self.speed.take_window())
         lr = self.parts.scheduler.get_last_lr()[0]
-        self.log.write(kind="train", step=self.progress.step, epoch=self.epoch, loss=mean_loss, lr=lr, **rates, skipped_steps=self.skipped_steps)
-        self.bar.set_postfix(loss=f"{mean_loss:.4f}", **{k.removesuffix("_per_s") + "/s": f"{v:,.0f}" for k, v in rates.items() if v})
-        self.window_losses.clear()
-        self.window_steps.clear()
+        self.log.write(
+            kind="train",
+            step=progress.step,
+            epoch=progress.epoch,
+            loss=mean_loss,
+            lr=lr,
+            **rates,
+            skipped_steps=self.skipped_steps,
+        )
+        self.bar.set_postfix(
+            loss=f"{mean_loss:.4f}", **{k.removesuffix("_per_s") + "/s": f"{v:,.0f}" for k, v in rates.items() if v}
+        )
+        self.window.clear()
+        return signalled
 
-    def health(self) -> tuple[float, bool]:
-        """One all-reduce: mean training loss over ranks since the last log, and whether any rank got a stop signal."""
-        device = self.accelerator.device
-        losses = torch.stack(self.window_losses).float() if self.window_losses else torch.zeros(0, device=device)
-        counts = [float(len(self.window_losses)), float(self.signals.received > 0)]
-        total = self.accelerator.reduce(torch.cat([losses.sum().view(1), torch.tensor(counts, device=device)]), "sum")
-        mean_loss = (total[0] / total[1]).item() if total[1] > 0 else float("nan")
-        if total[1] > 0 and not math.isfinite(mean_loss):
-            bad = (~torch.isfinite(losses)).nonzero()
-            first_bad = min(gather_object([self.window_steps[bad[0].item()] if len(bad) else 10**12]))
+    def check_finite(self, mean_loss: float | None) -> None:
+        if mean_loss is not None and not math.isfinite(mean_loss):
             raise NonFiniteLoss(
-                f"the training loss became non-finite ({mean_loss}) at optimizer step {first_bad} (epoch {self.progress.epoch}); "
-                f"stopped without saving. The last good checkpoint is in {self.run_dir / 'checkpoints'} (try a lower --lr, then --resume)"
+                f"the training loss became non-finite ({mean_loss}) at optimizer step "
+                f"{self.window.first_non_finite_step()} "
+                f"(epoch {self.parts.progress.epoch}); stopped without saving. The last good checkpoint is in "
+                f"{Path(self.cfg.run.output_dir) / 'checkpoints'} (try a lower --lr, then --resume)"
             )
-        return mean_loss, bool(total[2].item())
 
-    def validate(self) -> None:
-        """Evaluate, log, and update early stopping (decided the same on all ranks)."""
-        progress, cfg, accelerator = self.progress, self.cfg, self.accelerator
-        result = evaluate(self.parts.model, self.parts.val_loader, accelerator)
-        self.parts.model.train()
+    def validate(self) -> bool:
+        """Evaluate the validation split, log it, count patience; True when early stopping says stop,
+        decided on the main process and seen by every rank (so no rank stops alone and hangs the others)."""
+        progress, accelerator, model = self.parts.progress, self.parts.accelerator, self.parts.model
+        with self.speed.paused():
+            result = evaluate(model, self.parts.val_loader, accelerator.gather_for_metrics)
+            model.train()
         self.val = self.parts.task.eval_metrics(result["loss"], result["accuracy"])
-        self.validated = True
         self.log.write(kind="eval", split="validation", step=progress.step, epoch=progress.epoch, **self.val)
-        if result["loss"] < progress.best_val_loss - cfg.early_stopping_min_delta:
-            progress.best_val_loss, progress.evals_without_improvement, self.improved_at = result["loss"], 0, progress.step
+        if result["loss"] < progress.best_val_loss - self.cfg.eval.early_stopping_min_delta:
+            progress.best_val_loss, progress.evals_without_improvement, self.improved_at = (
+                result["loss"],
+                0,
+                progress.step,
+            )
         else:
             progress.evals_without_improvement += 1
-        patience_spent = cfg.early_stopping_patience and progress.evals_without_improvement >= cfg.early_stopping_patience
-        if patience_spent and accelerator.is_main_process:
-            accelerator.set_trigger()  # decided on the main process ...
-        # ... and seen by every rank, so no rank breaks alone and hangs the others
-        self.stopped_early = accelerator.check_trigger() or self.stopped_early
+        patience = self.cfg.eval.early_stopping_patience
+        if patience and progress.evals_without_improvement >= patience and accelerator.is_main_process:
+            accelerator.set_trigger()
+        return accelerator.check_trigger()
+
+    def say_epoch(self) -> None:
+        if self.parts.accelerator.is_main_process:
+            metrics = ", ".join(f"val_{k} {v:.4f}" for k, v in self.val.items())
+            tqdm.write(f"epoch {self.parts.progress.epoch}: step {self.parts.progress.step}, {metrics}")
 
     def checkpoint(self) -> Path:
-        self.health()  # never save a checkpoint over a NaN: raises if the loss went non-finite since the last check
-        self.progress.window = [(step, loss.item()) for step, loss in zip(self.window_steps, self.window_losses)]
-        is_best = self.improved_at == self.progress.step
-        schedule = {k: v for k, v in self.parts.scheduler.state_dict().items() if k != "lr_lambdas"}  # plain numbers
-        state = {"progress": self.progress.state_dict(), "scheduler": schedule}
-        return save_checkpoint(self.accelerator, self.run_dir, self.progress.step, self.cfg.keep_checkpoints, is_best=is_best, state=state)
+        """Save model, optimizer, RNG states and the loop's position (all ranks together), never over a NaN."""
+        progress, accelerator = self.parts.progress, self.parts.accelerator
+        with self.speed.paused():
+            self.check_finite(self.window.mean(accelerator, False)[0])
+            progress.window = self.window.state()
+            schedule = {
+                k: v for k, v in self.parts.scheduler.state_dict().items() if k != "lr_lambdas"
+            }  # plain numbers
+            state = {"progress": progress.state_dict(), "scheduler": schedule}
+            is_best = self.improved_at == progress.step
+            return save_checkpoint(
+                accelerator,
+                Path(self.cfg.run.output_dir),
+                progress.step,
+                self.cfg.run.keep_checkpoints,
+                is_best=is_best,
+                state=state,
+            )
 
 
 def write_curves(run_dir: Path) -> None:
@@ -445,34 +507,37 @@ def write_curves(run_dir: Path) -> None:
         print(f"anytrain: WARNING: could not draw {run_dir / 'curves.png'}: {e}", file=sys.stderr)
 
 
-def finish(cfg: TrainConfig, parts: Parts, loop: Loop, scenario: dict, started: float) -> dict:
+def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: float) -> dict:
     """Test evaluation, final weights and summary.json; returns the summary."""
-    accelerator, progress, task, run_dir = parts.accelerator, parts.progress, parts.task, Path(cfg.output_dir)
+    accelerator, progress, task, run_dir = parts.accelerator, parts.progress, parts.task, Path(cfg.run.output_dir)
+    epochs_completed = progress.epoch + (progress.batches_done > 0)
     test = {}
     if parts.test_loader is not None:
-        result = evaluate(parts.model, parts.test_loader, accelerator)
+        result = evaluate(parts.model, parts.test_loader, accelerator.gather_for_metrics)
         test = task.eval_metrics(result["loss"], result["accuracy"])
-        loop.log.write(kind="eval", split="test", step=progress.step, epoch=loop.epoch, **test)
+        loop.log.write(kind="eval", split="test", step=progress.step, epoch=max(epochs_completed - 1, 0), **test)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(parts.model)  # full weights even when sharded (FSDP)
-    state_dict = {k.replace("_orig_mod.", ""): v for k, v in state_dict.items()}  # torch.compile's wrapper is not the model
+    state_dict = {
+        k.replace("_orig_mod.", ""): v for k, v in state_dict.items()
+    }  # torch.compile's wrapper is not the model
     # Each rank's fingerprint of its own weights: after data-parallel training they must all agree.
-    rank_fingerprints = gather_object([weights_fingerprint(model_of(accelerator, parts.model))])
+    rank_fingerprints = gather_object([weights_fingerprint(model_of(accelerator, parts.model).state_dict())])
     peak, peak_kind = peak_memory_bytes(accelerator.device)
-    train_seconds = loop.train_seconds
+    speed = loop.speed
     summary = {
         **{f"test_{k}": v for k, v in test.items()},
         **{f"val_{k}": v for k, v in loop.val.items()},
         "best_val_loss": progress.best_val_loss,
-        "epochs_completed": progress.epoch + (progress.batches_done > 0),
+        "epochs_completed": epochs_completed,
         "optimizer_steps": progress.step,
         "skipped_optimizer_steps": loop.skipped_steps,
-        "stopped_early_at_epoch": loop.epoch if loop.stopped_early else None,
+        "stopped_early_at_epoch": outcome["stopped_early_at_epoch"],
         "resumed_from": str(parts.resume_from) if parts.resume_from else None,
-        **task.rates(*loop.speed.total, train_seconds),
-        "first_step_s": loop.speed.first_step_s,
-        "train_seconds": train_seconds,
-        "loop_seconds": loop.loop_seconds,
+        **task.rates(*speed.total, speed.train_seconds()),
+        "first_step_s": speed.first_step_s,
+        "train_seconds": speed.train_seconds(),
+        "loop_seconds": speed.loop_seconds(),
         "peak_memory_bytes": peak,
         "peak_memory_kind": peak_kind,
         "wall_time_s": time.perf_counter() - started,
@@ -480,15 +545,18 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, scenario: dict, started: 
         "dataset": parts.data.source,
         **progress.data,
         "weights_sha256_per_rank": rank_fingerprints,
-        "scenario": scenario,
+        "scenario": outcome["scenario"],
     }
     if accelerator.is_main_process:
         save_weights(state_dict, run_dir / WEIGHTS, cfg, task.weights_metadata(parts.data))
         write_json(run_dir / "summary.json", summary)
-        if cfg.plot:
+        if cfg.run.plot:
             write_curves(run_dir)
         final = test and {f"test_{k}": v for k, v in test.items()} or {f"val_{k}": v for k, v in loop.val.items()}
-        accelerator.print(f"anytrain: {', '.join(f'{k} {v:.4f}' for k, v in final.items())}, {summary['wall_time_s']:.1f}s, run folder {run_dir}")
+        accelerator.print(
+            f"anytrain: {', '.join(f'{k} {v:.4f}' for k, v in final.items())}, {summary['wall_time_s']:.1f}s, run "
+            f"folder {run_dir}"
+        )
     loop.log.close()
     accelerator.end_training()
     return summary

@@ -1,6 +1,6 @@
 """Which model trains: a registry name (`--model resnet`), a user's factory (`--model
 my_pkg.nets:build` or `--model path/to/nets.py:build`), or, from Python, a module or factory
-object (`anytrain.train(cfg, model=...)`). Whatever it is gets one forward pass on a tiny batch
+object (`anytrain.train(config, model=...)`). Whatever it is gets one forward pass on a tiny batch
 before training, so a wrong output shape is one line naming --model, not a traceback mid-step."""
 
 from __future__ import annotations
@@ -9,26 +9,27 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
 
-from .config import ConfigError, TrainConfig, first_line
+from .config import ConfigError, ModelConfig, first_line
 from .models import REGISTRY
 from .shape import DataShape
 
-
 AUTO = {"tabular": "mlp", "image": "resnet", "text": "gpt"}  # --model auto, by the kind of data
-OBJECT = "object:"  # cfg.model of a run whose model was a Python object (anytrain.train(model=...))
+OBJECT = "object:"  # cfg.model.name of a run whose model was a Python object (anytrain.train(model=...))
 
 
 def import_factory(spec: str) -> Callable:
     """'package.module:attr' or 'path/to/file.py:attr' -> the attribute; ConfigError naming --model."""
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
-        raise ConfigError(f"--model {spec}: expected a registry name ({', '.join(REGISTRY)}) or module:factory / file.py:factory")
+        raise ConfigError(
+            f"--model {spec}: expected a registry name ({', '.join(REGISTRY)}) or module:factory / file.py:factory"
+        )
     if target.endswith(".py") and not Path(target).expanduser().is_file():
         raise ConfigError(f"--model {spec}: file not found: {target}")
     try:
@@ -39,7 +40,10 @@ def import_factory(spec: str) -> Callable:
         raise ConfigError(f"--model {spec}: {target} has no attribute '{attr}'")
     factory = getattr(module, attr)
     if not callable(factory):
-        raise ConfigError(f"--model {spec}: {target}.{attr} is not callable (a factory(cfg, shape) returning an nn.Module is expected)")
+        raise ConfigError(
+            f"--model {spec}: {target}.{attr} is not callable (a factory(model, shape) returning an nn.Module is "
+            "expected)"
+        )
     return factory
 
 
@@ -58,24 +62,26 @@ def _import_module(name: str):
     return importlib.import_module(name)
 
 
-def model_name(cfg: TrainConfig, shape: DataShape) -> str:
-    """What --model auto stood for, or the name or factory given."""
-    return AUTO[shape.kind] if cfg.model == "auto" else cfg.model
+def model_name(model_cfg: ModelConfig, shape: DataShape) -> str:
+    """What --model auto stands for (the one rule: by the kind of data), or the name or factory given."""
+    return AUTO[shape.kind] if model_cfg.name == "auto" else model_cfg.name
 
 
-def make_model(cfg: TrainConfig, shape: DataShape, given: nn.Module | Callable | None = None) -> nn.Module:
-    """The model to train, checked against the data's shape."""
-    label = f"--model {cfg.model}"
-    name = model_name(cfg, shape)
+def make_model(model_cfg: ModelConfig, shape: DataShape, given: nn.Module | Callable | None = None) -> nn.Module:
+    """The model to train (the one way to build one), checked against the data's shape."""
+    label = f"--model {model_cfg.name}"
+    name = model_name(model_cfg, shape)
     if given is None and name.startswith(OBJECT):
-        raise ConfigError(f"this run's model ({name.removeprefix(OBJECT)}) was passed to anytrain.train() as a Python object; "
-                          "build it again and pass it: load_model(run_dir, model=...)")
+        raise ConfigError(
+            f"this run's model ({name.removeprefix(OBJECT)}) was passed to anytrain.train() as a Python object; "
+            "build it again and pass it: load_model(run_dir, model=...)"
+        )
     if isinstance(given, nn.Module):
         model = given
     else:
         factory = given if given is not None else REGISTRY.get(name) or import_factory(name)
         try:
-            model = factory(cfg, shape)
+            model = factory(model_cfg, shape)
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's factory: one line, not its traceback
@@ -96,11 +102,16 @@ def check_outputs(model: nn.Module, shape: DataShape, label: str) -> None:
         with torch.no_grad():
             outputs = model(inputs.to(device))
     except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"{label}: the model failed on a batch of inputs of shape {tuple(inputs.shape)}: {first_line(e)}") from None
+        raise ConfigError(
+            f"{label}: the model failed on a batch of inputs of shape {tuple(inputs.shape)}: {first_line(e)}"
+        ) from None
     finally:
         model.train(was_training)
     expected = shape.logits_shape(2)
     got = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
     if got != expected:
         what = "(batch, block_size, vocab_size)" if shape.kind == "text" else "(batch, num_classes)"
-        raise ConfigError(f"{label}: the model maps inputs of shape {tuple(inputs.shape)} to {got}; expected logits of shape {expected} {what}")
+        raise ConfigError(
+            f"{label}: the model maps inputs of shape {tuple(inputs.shape)} to {got}; expected logits of shape "
+            f"{expected} {what}"
+        )

@@ -88,34 +88,48 @@ class DataSplits:
         return torch.where(std > 0, std, torch.ones_like(std))  # constant features (blank pixels) stay as they are
 
     def shape(self) -> DataShape:
-        return DataShape("tabular", num_classes=self.num_classes, num_features=self.num_features, feature_mean=self.feature_mean, feature_std=self.feature_std)
+        return DataShape(
+            "tabular",
+            num_classes=self.num_classes,
+            num_features=self.num_features,
+            feature_mean=self.feature_mean,
+            feature_std=self.feature_std,
+        )
 
     def describe(self) -> dict:
-        return {"num_features": self.num_features, "num_classes": self.num_classes, "train_samples": len(self.train),
-                "data_path": "arrow (memory-mapped), read per batch" if self.stats else "in-memory tensors"}
+        return {
+            "num_features": self.num_features,
+            "num_classes": self.num_classes,
+            "train_samples": len(self.train),
+            "data_path": "arrow (memory-mapped), read per batch" if self.stats else "in-memory tensors",
+        }
 
 
 def loader_workers(data: Dataset, cfg: TrainConfig) -> int:
     """--num-workers, or for auto (-1) what the split asks for: AUTO_WORKERS (images: 1, else 0)."""
-    return cfg.num_workers if cfg.num_workers >= 0 else getattr(data, "AUTO_WORKERS", 0)
+    return cfg.data.num_workers if cfg.data.num_workers >= 0 else getattr(data, "AUTO_WORKERS", 0)
 
 
 def make_loader(data: Dataset, cfg: TrainConfig, shuffle: bool) -> DataLoader:
     workers = loader_workers(data, cfg)
-    persistent = cfg.persistent_workers and workers > 0
-    if isinstance(data, IterableDataset):  # a stream (stream.py) yields whole batches and shuffles through its own buffer
-        return DataLoader(data, batch_size=None, num_workers=workers, pin_memory=cfg.pin_memory, persistent_workers=persistent)
+    persistent = cfg.data.persistent_workers and workers > 0
+    if isinstance(
+        data, IterableDataset
+    ):  # a stream (stream.py) yields whole batches and shuffles through its own buffer
+        return DataLoader(
+            data, batch_size=None, num_workers=workers, pin_memory=cfg.data.pin_memory, persistent_workers=persistent
+        )
     return DataLoader(
         data,
-        batch_size=cfg.batch_size,
+        batch_size=cfg.optim.batch_size,
         shuffle=shuffle,
         collate_fn=keep_batch,
         num_workers=workers,
-        pin_memory=cfg.pin_memory,
+        pin_memory=cfg.data.pin_memory,
         persistent_workers=persistent,
         # Its own generator, so starting an epoch does not draw from the global RNG that dropout
         # uses: a run resumed mid-epoch then sees exactly the random numbers the original saw.
-        generator=torch.Generator().manual_seed(cfg.seed) if shuffle else None,
+        generator=torch.Generator().manual_seed(cfg.run.seed) if shuffle else None,
     )
 
 
@@ -123,16 +137,18 @@ def make_loader(data: Dataset, cfg: TrainConfig, shuffle: bool) -> DataLoader:
 
 
 def load_splits(cfg: TrainConfig, given=None):
-    """Load, validate and split the dataset named by cfg.dataset (or `given`, a datasets Dataset or
+    """Load, validate and split the dataset named by cfg.data.dataset (or `given`, a datasets Dataset or
     DatasetDict). A table of numbers becomes DataSplits, images ImageSplits. ConfigError on bad data."""
     from .arrow import load_arrow_splits, table_megabytes
     from .images import image_column, load_image_splits
 
-    if given is None and cfg.dataset == "synthetic":
+    if given is None and cfg.data.dataset == "synthetic":
         return _synthetic(cfg)
-    raw, source = _load_raw(cfg.dataset, cfg.streaming) if given is None else (given, f"{type(given).__name__} object")
+    raw, source = (
+        _load_raw(cfg.data.dataset, cfg.data.streaming) if given is None else (given, f"{type(given).__name__} object")
+    )
     splits = _named_splits(raw)
-    if cfg.streaming:
+    if cfg.data.streaming:
         from .stream import load_stream_splits
 
         return load_stream_splits(cfg, {name: _as_stream(ds) for name, ds in splits.items()}, source)
@@ -140,17 +156,20 @@ def load_splits(cfg: TrainConfig, given=None):
     if column is not None:
         return load_image_splits(cfg, splits, source, column)
     inputs = _check_columns(splits, cfg, source)
-    if table_megabytes(splits, inputs) > cfg.max_in_memory_mb:
+    if table_megabytes(splits, inputs) > cfg.data.max_in_memory_mb:
         return load_arrow_splits(cfg, splits, source, inputs)
     tensors = {name: _to_tensors(ds, cfg, source, name) for name, ds in splits.items()}
     num_classes, string_ids = _num_classes(tensors, cfg, source)
     feature_names = next(iter(tensors.values()))[2]
     class_names = list(string_ids) if string_ids is not None else list(feature_names) if feature_names else None
-    input_columns = cfg.input_columns or [c for c in splits["train"].column_names if c != cfg.label_column]
+    input_columns = cfg.data.input_columns or [c for c in splits["train"].column_names if c != cfg.data.label_column]
     tensors = {name: (x, _label_ids(y, string_ids)) for name, (x, y, _) in tensors.items()}
     present = torch.unique(tensors["train"][1])
     if len(present) < 2:
-        raise ConfigError(f"--label-column: every training row of {source} has the same label ({present.tolist()[0]}); a classifier needs at least 2 classes to learn")
+        raise ConfigError(
+            f"--label-column: every training row of {source} has the same label ({present.tolist()[0]}); a classifier "
+            "needs at least 2 classes to learn"
+        )
     return _finish(tensors, cfg, num_classes, source, class_names, input_columns)
 
 
@@ -176,7 +195,10 @@ def _load_raw(name: str, streaming: bool = False):
         if path.is_file():
             builder = FILE_BUILDERS.get(path.suffix.lower())
             if builder is None:
-                raise ConfigError(f"--dataset: {name}: unsupported file type '{path.suffix}' (use {', '.join(FILE_BUILDERS)} or a save_to_disk folder)")
+                raise ConfigError(
+                    f"--dataset: {name}: unsupported file type '{path.suffix}' (use {', '.join(FILE_BUILDERS)} or a "
+                    "save_to_disk folder)"
+                )
             if path.stat().st_size == 0:
                 raise ConfigError(f"--dataset: {name} is empty")
             return datasets.load_dataset(builder, data_files=str(path), streaming=streaming), str(path)
@@ -191,7 +213,9 @@ def _load_raw(name: str, streaming: bool = False):
     try:
         return datasets.load_dataset(name, streaming=streaming), f"hub:{name}"
     except Exception as e:
-        raise ConfigError(f"--dataset: '{name}' is not a local file or folder, and loading it from the hub failed: {first_line(e)}") from None
+        raise ConfigError(
+            f"--dataset: '{name}' is not a local file or folder, and loading it from the hub failed: {first_line(e)}"
+        ) from None
 
 
 def _named_splits(raw) -> dict:
@@ -223,9 +247,11 @@ def _check_columns(splits: dict, cfg: TrainConfig, source: str) -> list[str]:
         if len(ds) == 0:
             raise ConfigError(f"--dataset: the {split} split of {source} is empty")
         columns = ds.column_names
-        if cfg.label_column not in columns:
-            raise ConfigError(f"--label-column: column '{cfg.label_column}' not in {source} (columns: {', '.join(columns)})")
-        inputs = cfg.input_columns or [c for c in columns if c != cfg.label_column]
+        if cfg.data.label_column not in columns:
+            raise ConfigError(
+                f"--label-column: column '{cfg.data.label_column}' not in {source} (columns: {', '.join(columns)})"
+            )
+        inputs = cfg.data.input_columns or [c for c in columns if c != cfg.data.label_column]
         for c in inputs:
             if c not in columns:
                 raise ConfigError(f"--input-columns: column '{c}' not in {source} (columns: {', '.join(columns)})")
@@ -236,25 +262,29 @@ def _check_columns(splits: dict, cfg: TrainConfig, source: str) -> list[str]:
         try:
             _numeric_rows(first[c])
         except (ValueError, TypeError, pa.ArrowException):
-            raise ConfigError(f"--input-columns: column '{c}' of {source} is not numeric (or its lists differ in length)") from None
+            raise ConfigError(
+                f"--input-columns: column '{c}' of {source} is not numeric (or its lists differ in length)"
+            ) from None
     return inputs
 
 
 def _to_tensors(ds, cfg: TrainConfig, source: str, split: str):
-    inputs = cfg.input_columns or [c for c in ds.column_names if c != cfg.label_column]
+    inputs = cfg.data.input_columns or [c for c in ds.column_names if c != cfg.data.label_column]
     table = ds.with_format("arrow")  # whole columns straight from Arrow: no per-row Python (0.26 s -> 5 ms on digits)
     parts = []
     for c in inputs:
         try:
             col = _numeric_rows(table[c])
         except (ValueError, TypeError, pa.ArrowException):
-            raise ConfigError(f"--input-columns: column '{c}' of {source} is not numeric (or its lists differ in length)") from None
+            raise ConfigError(
+                f"--input-columns: column '{c}' of {source} is not numeric (or its lists differ in length)"
+            ) from None
         if not np.isfinite(col).all():
             raise ConfigError(f"--dataset: column '{c}' of {source} ({split} split) has NaN or infinite values")
         parts.append(col)
     features = torch.from_numpy(np.concatenate(parts, axis=1))
-    labels = table[cfg.label_column].to_numpy()  # nulls become NaN and are refused with the other non-integers
-    feature = ds.features[cfg.label_column]
+    labels = table[cfg.data.label_column].to_numpy()  # nulls become NaN and are refused with the other non-integers
+    feature = ds.features[cfg.data.label_column]
     names = getattr(feature, "names", None)
     return features, labels, names
 
@@ -262,7 +292,9 @@ def _to_tensors(ds, cfg: TrainConfig, source: str, split: str):
 def _numeric_rows(column: pa.ChunkedArray) -> np.ndarray:
     """A numeric column, scalar or (nested) fixed-length lists, as float32 rows x values."""
     rows, values = len(column), column.combine_chunks()
-    while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or pa.types.is_fixed_size_list(values.type):
+    while (
+        pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or pa.types.is_fixed_size_list(values.type)
+    ):
         lengths = pc.list_value_length(values)
         if values.null_count or (len(lengths) and pc.min_max(lengths)["min"] != pc.min_max(lengths)["max"]):
             raise ValueError("missing or ragged lists")
@@ -278,20 +310,27 @@ def _num_classes(tensors: dict, cfg: TrainConfig, source: str) -> tuple[int, dic
     labels = [y for _, y, _ in tensors.values()]
     if labels[0].dtype.kind in "US" or labels[0].dtype == object:
         classes = sorted(set().union(*(set(map(str, y)) for y in labels)))
-        cfg_classes = cfg.num_classes or len(classes)
+        cfg_classes = cfg.data.num_classes or len(classes)
         if len(classes) > cfg_classes:
             raise ConfigError(f"--num-classes: {source} has {len(classes)} label values, more than {cfg_classes}")
         return cfg_classes, {c: i for i, c in enumerate(classes)}
     if labels[0].dtype.kind == "f":
         if any(not np.all(np.isfinite(y)) or not np.all(y == np.round(y)) for y in labels):
-            raise ConfigError(f"--label-column: '{cfg.label_column}' of {source} must hold integer class ids or strings")
+            raise ConfigError(
+                f"--label-column: '{cfg.data.label_column}' of {source} must hold integer class ids or strings"
+            )
     elif labels[0].dtype.kind not in "iub":
-        raise ConfigError(f"--label-column: '{cfg.label_column}' of {source} must hold integer class ids or strings")
+        raise ConfigError(
+            f"--label-column: '{cfg.data.label_column}' of {source} must hold integer class ids or strings"
+        )
     low = min(int(y.min()) for y in labels)
     high = max(int(y.max()) for y in labels)
-    num_classes = cfg.num_classes or (len(names) if names else high + 1)
+    num_classes = cfg.data.num_classes or (len(names) if names else high + 1)
     if low < 0 or high >= num_classes:
-        raise ConfigError(f"--label-column: labels of {source} range over [{low}, {high}], outside the {num_classes} classes [0, {num_classes - 1}]")
+        raise ConfigError(
+            f"--label-column: labels of {source} range over [{low}, {high}], outside the {num_classes} classes [0, "
+            f"{num_classes - 1}]"
+        )
     if num_classes < 2:
         raise ConfigError(f"--label-column: {source} has a single class; a classifier needs at least 2")
     return num_classes, None
@@ -305,12 +344,13 @@ def _label_ids(labels: np.ndarray, ids: dict | None) -> torch.Tensor:
 
 def _synthetic(cfg: TrainConfig) -> DataSplits:
     """A learnable classification set: Gaussian clusters around random class centres."""
-    g = torch.Generator().manual_seed(cfg.seed)
-    centres = torch.randn(cfg.synthetic_classes, cfg.synthetic_features, generator=g)
-    labels = torch.randint(cfg.synthetic_classes, (cfg.synthetic_samples,), generator=g)
-    features = centres[labels] + 1.5 * torch.randn(cfg.synthetic_samples, cfg.synthetic_features, generator=g)
-    source = f"synthetic ({cfg.synthetic_samples} x {cfg.synthetic_features}, {cfg.synthetic_classes} classes)"
-    return _finish({"train": (features, labels)}, cfg, cfg.synthetic_classes, source)
+    g = torch.Generator().manual_seed(cfg.run.seed)
+    centres = torch.randn(cfg.data.synthetic_classes, cfg.data.synthetic_features, generator=g)
+    labels = torch.randint(cfg.data.synthetic_classes, (cfg.data.synthetic_samples,), generator=g)
+    features = centres[labels] + 1.5 * torch.randn(cfg.data.synthetic_samples, cfg.data.synthetic_features, generator=g)
+    data = cfg.data
+    source = f"synthetic ({data.synthetic_samples} x {data.synthetic_features}, {data.synthetic_classes} classes)"
+    return _finish({"train": (features, labels)}, cfg, cfg.data.synthetic_classes, source)
 
 
 def labelled_rows(splits: dict, cfg: TrainConfig, source: str) -> tuple[dict, int, list[str] | None]:
@@ -318,13 +358,21 @@ def labelled_rows(splits: dict, cfg: TrainConfig, source: str) -> tuple[dict, in
     splits carved from train. Returns ({split: (rows, labels)}, number of classes, class names)."""
     labelled = {}
     for name, ds in splits.items():
-        labels = ds.with_format("arrow")[cfg.label_column].to_numpy()
-        labelled[name] = (ds, labels, getattr(ds.features[cfg.label_column], "names", None))
+        labels = ds.with_format("arrow")[cfg.data.label_column].to_numpy()
+        labelled[name] = (ds, labels, getattr(ds.features[cfg.data.label_column], "names", None))
     num_classes, string_ids = _num_classes(labelled, cfg, source)
     names = next(iter(labelled.values()))[2]
-    parts = carve({name: (ds, _label_ids(y, string_ids)) for name, (ds, y, _) in labelled.items()}, cfg, source, take=lambda ds, idx: ds.select(idx.tolist()))
+    parts = carve(
+        {name: (ds, _label_ids(y, string_ids)) for name, (ds, y, _) in labelled.items()},
+        cfg,
+        source,
+        take=lambda ds, idx: ds.select(idx.tolist()),
+    )
     if len(torch.unique(parts["train"][1])) < 2:
-        raise ConfigError(f"--label-column: every training row of {source} has the same label; a classifier needs at least 2 classes to learn")
+        raise ConfigError(
+            f"--label-column: every training row of {source} has the same label; a classifier needs at least 2 "
+            "classes to learn"
+        )
     return parts, num_classes, list(string_ids) if string_ids is not None else list(names) if names else None
 
 
@@ -332,13 +380,20 @@ def carve(parts: dict, cfg: TrainConfig, source: str, take=lambda x, idx: x[idx]
     """Carve the missing validation/test splits from train with a seeded permutation; parts maps
     split -> (inputs, labels tensor), and take(inputs, idx) selects rows of the inputs."""
     x, y = parts["train"]
-    fractions = {name: getattr(cfg, f"{'val' if name == 'validation' else 'test'}_fraction") for name in ("validation", "test") if name not in parts}
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(cfg.seed))
+    fractions = {
+        name: getattr(cfg.data, f"{'val' if name == 'validation' else 'test'}_fraction")
+        for name in ("validation", "test")
+        if name not in parts
+    }
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(cfg.run.seed))
     start = 0
     for name, fraction in fractions.items():
         count = math.floor(len(y) * fraction)
         if count == 0:
-            raise ConfigError(f"--dataset: {source} has no {name} split and {name} fraction {fraction} of {len(y)} rows leaves it empty")
+            raise ConfigError(
+                f"--dataset: {source} has no {name} split and {name} fraction {fraction} of {len(y)} rows leaves it "
+                "empty"
+            )
         idx = order[start : start + count]
         parts[name] = (take(x, idx), y[idx])
         start += count
@@ -351,8 +406,14 @@ def carve(parts: dict, cfg: TrainConfig, source: str, take=lambda x, idx: x[idx]
     return parts
 
 
-def _finish(tensors: dict, cfg: TrainConfig, num_classes: int, source: str, class_names: list[str] | None = None,
-            input_columns: list[str] | None = None) -> DataSplits:
+def _finish(
+    tensors: dict,
+    cfg: TrainConfig,
+    num_classes: int,
+    source: str,
+    class_names: list[str] | None = None,
+    input_columns: list[str] | None = None,
+) -> DataSplits:
     tensors = carve(tensors, cfg, source)
     return DataSplits(
         train=TensorPairs(*tensors["train"]),

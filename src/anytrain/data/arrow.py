@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import torch
+
 from ..config import ConfigError, TrainConfig
 from . import BatchRows
 
@@ -50,7 +51,9 @@ class ArrowRows(BatchRows):
             try:
                 x = np.concatenate([_numeric_rows(chunk[c]) for c in self.columns], axis=1).astype(np.float64)
             except (ValueError, TypeError, pa.ArrowException):
-                raise ConfigError(f"--input-columns: the columns of {source} are not all numeric (or their lists differ in length)") from None
+                raise ConfigError(
+                    f"--input-columns: the columns of {source} are not all numeric (or their lists differ in length)"
+                ) from None
             if not np.isfinite(x).all():
                 raise ConfigError(f"--dataset: {source} ({split} split) has NaN or infinite values")
             total = x.sum(0) if total is None else total + x.sum(0)
@@ -69,8 +72,19 @@ def load_arrow_splits(cfg: TrainConfig, splits: dict, source: str, inputs: list[
     parts, num_classes, class_names = labelled_rows(splits, cfg, source)
     rows = {name: ArrowRows(ds, inputs, y) for name, (ds, y) in parts.items()}
     for name, split in rows.items():
-        stats = split.column_stats(source, name)  # every split is checked for NaN; the training split's statistics are kept
+        stats = split.column_stats(
+            source, name
+        )  # every split is checked for NaN; the training split's statistics are kept
         if name == "train":
             mean, std = stats
-    return DataSplits(rows["train"], rows["validation"], rows["test"], num_features=len(mean), num_classes=num_classes, source=source,
-                      class_names=class_names, input_columns=inputs, stats=(mean, std))
+    return DataSplits(
+        rows["train"],
+        rows["validation"],
+        rows["test"],
+        num_features=len(mean),
+        num_classes=num_classes,
+        source=source,
+        class_names=class_names,
+        input_columns=inputs,
+        stats=(mean, std),
+    )

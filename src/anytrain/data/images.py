@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
 from . import BatchRows
@@ -47,9 +48,9 @@ def image_column(ds, cfg: TrainConfig) -> str | None:
     import datasets
 
     images = [name for name, feature in ds.features.items() if isinstance(feature, datasets.Image)]
-    if cfg.input_columns:
-        images = [c for c in images if c in cfg.input_columns]
-        if images and len(cfg.input_columns) > 1:
+    if cfg.data.input_columns:
+        images = [c for c in images if c in cfg.data.input_columns]
+        if images and len(cfg.data.input_columns) > 1:
             raise ConfigError(f"--input-columns: an image column ({images[0]}) must be the only input column")
     if len(images) > 1:
         raise ConfigError(f"--input-columns: the dataset has several image columns ({', '.join(images)}); name one")
@@ -64,7 +65,9 @@ def decode(value: dict, where: str):
         return datasets.Image().decode_example(value)
     except Exception as e:  # noqa: BLE001 - PIL raises several kinds for broken files
         name = value.get("path") or where
-        raise BadImage(f"--dataset: cannot decode image {name} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        raise BadImage(
+            f"--dataset: cannot decode image {name} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
 
 
 class ImageRows(BatchRows):
@@ -72,11 +75,22 @@ class ImageRows(BatchRows):
     float tensors (batch, channels, size, size) only when the DataLoader asks for one."""
 
     @property
-    def AUTO_WORKERS(self) -> int:  # noqa: N802 - read by data.loader_workers like the other splits' class constant
+    def AUTO_WORKERS(self) -> int:
         return auto_image_workers()
 
-    def __init__(self, rows, column: str, targets: torch.Tensor, split: str, look: ImageLook, augment: tuple[str, ...] = (), seed: int = 0):
-        self.rows = rows.select_columns([column]).cast_column(column, undecoded())  # bytes/paths: decoded here, per batch
+    def __init__(
+        self,
+        rows,
+        column: str,
+        targets: torch.Tensor,
+        split: str,
+        look: ImageLook,
+        augment: tuple[str, ...] = (),
+        seed: int = 0,
+    ):
+        self.rows = rows.select_columns([column]).cast_column(
+            column, undecoded()
+        )  # bytes/paths: decoded here, per batch
         self.column, self.targets, self.split = column, targets, split
         self.look, self.augment, self.seed = look, tuple(augment), seed
         # In shared memory: DataLoader workers kept alive between epochs (--persistent-workers) read the new epoch too.
@@ -149,7 +163,9 @@ class ImageLook:
             image = image.resize((self.size, self.size), Image.Resampling.BILINEAR)
         return image
 
-    def pixels(self, value: dict, index: int, split: str, augment: tuple[str, ...], seed: int, epoch: int) -> np.ndarray:
+    def pixels(
+        self, value: dict, index: int, split: str, augment: tuple[str, ...], seed: int, epoch: int
+    ) -> np.ndarray:
         """One image as uint8 (size, size, channels): decoded, converted, resized, augmented."""
         image = self.fit(decode(value, f"row {index} of the {split} split"))
         if augment:
@@ -157,9 +173,13 @@ class ImageLook:
         array = np.asarray(image, dtype=np.uint8)
         return array[..., None] if array.ndim == 2 else array
 
-    def batch(self, values: list[dict], indices, split: str, augment: tuple[str, ...] = (), seed: int = 0, epoch: int = 0) -> torch.Tensor:
+    def batch(
+        self, values: list[dict], indices, split: str, augment: tuple[str, ...] = (), seed: int = 0, epoch: int = 0
+    ) -> torch.Tensor:
         """Encoded images (datasets' {"bytes", "path"}) with their sample indices -> one normalised float batch."""
-        return self.normalise(np.stack([self.pixels(v, int(i), split, augment, seed, epoch) for v, i in zip(values, indices)]))
+        return self.normalise(
+            np.stack([self.pixels(v, int(i), split, augment, seed, epoch) for v, i in zip(values, indices)])
+        )
 
     def normalise(self, pixels: np.ndarray) -> torch.Tensor:
         """uint8 (batch, size, size, channels) -> float (batch, channels, size, size), standardised per channel."""
@@ -178,7 +198,7 @@ def measure_look(values: list[dict], picks: list[int], cfg: TrainConfig, source:
     """Mode, size and per-channel mean/std from a sample of training images."""
     images = [decode(v, f"row {i} of the train split of {source}") for v, i in zip(values, picks)]
     mode = "L" if all(im.mode in GRAY_MODES for im in images) else "RGB"
-    size = cfg.image_size or max(images[0].size)
+    size = cfg.data.image_size or max(images[0].size)
     look = ImageLook(mode, size, torch.zeros(1), torch.ones(1))
     pixels = np.stack([np.asarray(look.fit(im), dtype=np.float64).reshape(size, size, -1) / 255.0 for im in images])
     mean, std = pixels.mean(axis=(0, 1, 2)), pixels.std(axis=(0, 1, 2))
@@ -203,9 +223,14 @@ class ImageSplits:
 
     def describe(self) -> dict:
         return {
-            "num_classes": self.num_classes, "train_samples": len(self.train), "image_size": self.look.size,
-            "image_mode": self.look.mode, "image_mean": self.look.mean.tolist(), "image_std": self.look.std.tolist(),
-            "augment": list(self.train.augment), "data_path": "arrow (memory-mapped), images decoded per batch",
+            "num_classes": self.num_classes,
+            "train_samples": len(self.train),
+            "image_size": self.look.size,
+            "image_mode": self.look.mode,
+            "image_mean": self.look.mean.tolist(),
+            "image_std": self.look.std.tolist(),
+            "augment": list(self.train.augment),
+            "data_path": "arrow (memory-mapped), images decoded per batch",
         }
 
 
@@ -216,10 +241,17 @@ def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) 
     for name, ds in splits.items():
         if len(ds) == 0:
             raise ConfigError(f"--dataset: the {name} split of {source} is empty")
-        if cfg.label_column not in ds.column_names:
-            raise ConfigError(f"--label-column: column '{cfg.label_column}' not in {source} (columns: {', '.join(ds.column_names)})")
+        if cfg.data.label_column not in ds.column_names:
+            raise ConfigError(
+                f"--label-column: column '{cfg.data.label_column}' not in {source} (columns: "
+                f"{', '.join(ds.column_names)})"
+            )
     parts, num_classes, class_names = labelled_rows(splits, cfg, source)
     look = measure_look(*sample_values(parts["train"][0], column), cfg, source)
-    rows = {name: ImageRows(ds, column, y, name, look, cfg.augment if name == "train" else (), cfg.seed) for name, (ds, y) in parts.items()}
-    return ImageSplits(rows["train"], rows["validation"], rows["test"], num_classes, source, look, class_names, [column])
-
+    rows = {
+        name: ImageRows(ds, column, y, name, look, cfg.data.augment if name == "train" else (), cfg.run.seed)
+        for name, (ds, y) in parts.items()
+    }
+    return ImageSplits(
+        rows["train"], rows["validation"], rows["test"], num_classes, source, look, class_names, [column]
+    )

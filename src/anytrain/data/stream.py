@@ -76,16 +76,23 @@ class StreamSplits:
     def describe(self) -> dict:
         out = {"num_classes": self.num_classes, "data_path": "stream (rank 0 reads, accelerate dispatches)"}
         if self.look is not None:
-            out.update(image_size=self.look.size, image_mode=self.look.mode, image_mean=self.look.mean.tolist(), image_std=self.look.std.tolist())
+            out.update(
+                image_size=self.look.size,
+                image_mode=self.look.mode,
+                image_mean=self.look.mean.tolist(),
+                image_std=self.look.std.tolist(),
+            )
         else:
             out["num_features"] = self.num_features
         return out
 
 
 def _label_batch(rows: dict, cfg: TrainConfig, num_classes: int, split: str) -> torch.Tensor:
-    labels = np.asarray(rows[cfg.label_column])
+    labels = np.asarray(rows[cfg.data.label_column])
     if labels.dtype.kind not in "iu" or (len(labels) and (labels.min() < 0 or labels.max() >= num_classes)):
-        raise ConfigError(f"--label-column: the {split} stream has labels outside the integer classes [0, {num_classes - 1}]")
+        raise ConfigError(
+            f"--label-column: the {split} stream has labels outside the integer classes [0, {num_classes - 1}]"
+        )
     return torch.from_numpy(labels.astype(np.int64))
 
 
@@ -93,18 +100,28 @@ def load_stream_splits(cfg: TrainConfig, splits: dict, source: str) -> StreamSpl
     from .images import image_column, undecoded
 
     if "validation" not in splits:
-        raise ConfigError(f"--streaming: {source} has no validation split, and a stream cannot be carved (add one, or drop --streaming)")
-    splits = {name: ds if ds.features else ds._resolve_features() for name, ds in splits.items()}  # some builders know columns only after a peek
+        raise ConfigError(
+            f"--streaming: {source} has no validation split, and a stream cannot be carved (add one, or drop "
+            "--streaming)"
+        )
+    splits = {
+        name: ds if ds.features else ds._resolve_features() for name, ds in splits.items()
+    }  # some builders know columns only after a peek
     features = splits["train"].features
-    if cfg.label_column not in features:
-        raise ConfigError(f"--label-column: column '{cfg.label_column}' not in {source} (columns: {', '.join(features)})")
-    names = getattr(features[cfg.label_column], "names", None)
-    num_classes = cfg.num_classes or (len(names) if names else 0)
+    if cfg.data.label_column not in features:
+        raise ConfigError(
+            f"--label-column: column '{cfg.data.label_column}' not in {source} (columns: {', '.join(features)})"
+        )
+    names = getattr(features[cfg.data.label_column], "names", None)
+    num_classes = cfg.data.num_classes or (len(names) if names else 0)
     if num_classes < 2:
-        raise ConfigError(f"--num-classes: a stream's classes cannot be counted up front; give --num-classes (or use a ClassLabel column) for {source}")
+        raise ConfigError(
+            "--num-classes: a stream's classes cannot be counted up front; give --num-classes (or use a ClassLabel "
+            f"column) for {source}"
+        )
     column = image_column(splits["train"], cfg)
-    inputs = [column] if column else cfg.input_columns or [c for c in features if c != cfg.label_column]
-    streams = {name: ds.select_columns([*inputs, cfg.label_column]) for name, ds in splits.items()}
+    inputs = [column] if column else cfg.data.input_columns or [c for c in features if c != cfg.data.label_column]
+    streams = {name: ds.select_columns([*inputs, cfg.data.label_column]) for name, ds in splits.items()}
     if column:  # images stay encoded until a batch is converted
         streams = {name: ds.cast_column(column, undecoded()) for name, ds in streams.items()}
     head = list(itertools.islice(iter(streams["train"]), STATS_ROWS))
@@ -113,16 +130,27 @@ def load_stream_splits(cfg: TrainConfig, splits: dict, source: str) -> StreamSpl
     def convert(rows: dict, indices: range, split: str, epoch: int):
         targets = _label_batch(rows, cfg, num_classes, split)
         if look is not None:
-            augment = tuple(cfg.augment) if split == "train" else ()
-            return look.batch(rows[column], indices, split, augment, cfg.seed, epoch), targets
+            augment = tuple(cfg.data.augment) if split == "train" else ()
+            return look.batch(rows[column], indices, split, augment, cfg.run.seed, epoch), targets
         return torch.from_numpy(_rows_to_array(rows, inputs)), targets
 
-    streams["train"] = streams["train"].shuffle(seed=cfg.seed, buffer_size=SHUFFLE_BUFFER)
-    batches = {name: StreamBatches(ds, cfg.batch_size, convert, name) for name, ds in streams.items()}
-    return StreamSplits(batches["train"], batches["validation"], batches.get("test"), shape, source, list(names) if names else None, inputs, look)
+    streams["train"] = streams["train"].shuffle(seed=cfg.run.seed, buffer_size=SHUFFLE_BUFFER)
+    batches = {name: StreamBatches(ds, cfg.optim.batch_size, convert, name) for name, ds in streams.items()}
+    return StreamSplits(
+        batches["train"],
+        batches["validation"],
+        batches.get("test"),
+        shape,
+        source,
+        list(names) if names else None,
+        inputs,
+        look,
+    )
 
 
-def _measure_head(head: list[dict], inputs: list[str], column: str | None, num_classes: int, cfg: TrainConfig, source: str):
+def _measure_head(
+    head: list[dict], inputs: list[str], column: str | None, num_classes: int, cfg: TrainConfig, source: str
+):
     """(image look or None, DataShape) from the first rows of the training stream."""
     from .images import STATS_SAMPLE, measure_look
 
@@ -132,8 +160,13 @@ def _measure_head(head: list[dict], inputs: list[str], column: str | None, num_c
         return look, DataShape("image", num_classes=num_classes, channels=look.channels, image_size=look.size)
     x = _rows_to_array({c: [r[c] for r in head] for c in inputs}, inputs)
     std = x.std(0, ddof=1) if len(x) > 1 else np.ones(x.shape[1])
-    mean, std = torch.tensor(x.mean(0), dtype=torch.float32), torch.tensor(np.where(std > 0, std, 1.0), dtype=torch.float32)
-    return None, DataShape("tabular", num_classes=num_classes, num_features=x.shape[1], feature_mean=mean, feature_std=std)
+    mean, std = (
+        torch.tensor(x.mean(0), dtype=torch.float32),
+        torch.tensor(np.where(std > 0, std, 1.0), dtype=torch.float32),
+    )
+    return None, DataShape(
+        "tabular", num_classes=num_classes, num_features=x.shape[1], feature_mean=mean, feature_std=std
+    )
 
 
 def _rows_to_array(rows: dict, inputs: list[str]) -> np.ndarray:
@@ -141,7 +174,10 @@ def _rows_to_array(rows: dict, inputs: list[str]) -> np.ndarray:
     try:
         parts = [np.asarray(rows[c], dtype=np.float32).reshape(len(rows[c]), -1) for c in inputs]
     except (ValueError, TypeError):
-        raise ConfigError(f"--input-columns: the columns {', '.join(inputs)} of the stream are not all numeric (or their lists differ in length)") from None
+        raise ConfigError(
+            f"--input-columns: the columns {', '.join(inputs)} of the stream are not all numeric (or their lists "
+            "differ in length)"
+        ) from None
     x = np.concatenate(parts, axis=1)
     if not np.isfinite(x).all():
         raise ConfigError("--dataset: the stream has NaN or infinite values")

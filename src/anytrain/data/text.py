@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, TrainConfig, first_line
+from ..files import atomic_path
 from ..shape import DataShape
 
 SHAKESPEARE_PATH = Path(__file__).with_name("tinyshakespeare.txt")
@@ -120,7 +120,9 @@ class TextSplits:
             "train_tokens": self.train.num_tokens,
             "validation_tokens": self.validation.num_tokens,
             "validation_windows": len(self.validation),
-            "data_path": "memory-mapped token file" if isinstance(self.train.tokens, np.memmap) else "in-memory token array",
+            "data_path": "memory-mapped token file"
+            if isinstance(self.train.tokens, np.memmap)
+            else "in-memory token array",
         }
 
 
@@ -128,7 +130,7 @@ class TextSplits:
 
 
 def load_text_splits(cfg: TrainConfig, given=None) -> TextSplits:
-    """Load the text named by cfg.dataset (or `given`, a datasets object), build the vocabulary,
+    """Load the text named by cfg.data.dataset (or `given`, a datasets object), build the vocabulary,
     tokenise; ConfigError on bad input."""
     if given is not None:
         from . import _named_splits
@@ -136,23 +138,26 @@ def load_text_splits(cfg: TrainConfig, given=None) -> TextSplits:
         splits, source = _named_splits(given), f"{type(given).__name__} object"
     else:
         splits, source = _load_text_datasets(cfg)
-    column = cfg.text_column or "text"
+    column = cfg.data.text_column or "text"
     pieces = {name: _split_text(ds, column, source, name) for name, ds in splits.items()}
     if "validation" not in pieces:
         ds, _, stop = pieces["train"]
-        cut = int(stop * (1 - cfg.val_fraction))  # the first (1 - val_fraction) of the characters train
+        cut = int(stop * (1 - cfg.data.val_fraction))  # the first (1 - val_fraction) of the characters train
         pieces["train"], pieces["validation"] = (ds, 0, cut), (ds, cut, stop)
     vocab = choose_vocab(cfg, pieces, source)
     tokens = {name: _tokens(vocab, *piece, column) for name, piece in pieces.items()}
     for name, array in tokens.items():
-        if len(array) < cfg.block_size + 1:
+        if len(array) < cfg.data.block_size + 1:
             raise ConfigError(
-                f"--block-size: the {name} split of {source} has {len(array)} tokens, fewer than block_size + 1 = {cfg.block_size + 1}"
+                f"--block-size: the {name} split of {source} has {len(array)} tokens, fewer than block_size + 1 = "
+                f"{cfg.data.block_size + 1}"
             )
     return TextSplits(
-        train=TokenWindows(tokens["train"], cfg.block_size),
-        validation=TokenWindows(tokens["validation"], cfg.block_size, eval_starts(len(tokens["validation"]), cfg)),
-        test=TokenWindows(tokens["test"], cfg.block_size, eval_starts(len(tokens["test"]), cfg)) if "test" in tokens else None,
+        train=TokenWindows(tokens["train"], cfg.data.block_size),
+        validation=TokenWindows(tokens["validation"], cfg.data.block_size, eval_starts(len(tokens["validation"]), cfg)),
+        test=TokenWindows(tokens["test"], cfg.data.block_size, eval_starts(len(tokens["test"]), cfg))
+        if "test" in tokens
+        else None,
         vocab=vocab,
         source=source,
     )
@@ -160,10 +165,10 @@ def load_text_splits(cfg: TrainConfig, given=None) -> TextSplits:
 
 def eval_starts(num_tokens: int, cfg: TrainConfig) -> np.ndarray:
     """Start positions of the fixed evaluation windows: all non-overlapping ones, or N spread evenly."""
-    last = num_tokens - cfg.block_size - 1  # the last start whose window fits
-    if cfg.eval_windows:
-        return np.unique(np.linspace(0, last, cfg.eval_windows).round().astype(np.int64))
-    return np.arange(0, last + 1, cfg.block_size, dtype=np.int64)
+    last = num_tokens - cfg.data.block_size - 1  # the last start whose window fits
+    if cfg.eval.eval_windows:
+        return np.unique(np.linspace(0, last, cfg.eval.eval_windows).round().astype(np.int64))
+    return np.arange(0, last + 1, cfg.data.block_size, dtype=np.int64)
 
 
 def _load_text_datasets(cfg: TrainConfig) -> tuple[dict, str]:
@@ -172,7 +177,7 @@ def _load_text_datasets(cfg: TrainConfig) -> tuple[dict, str]:
     from . import _load_raw, _named_splits
 
     datasets.disable_progress_bars()
-    name = cfg.dataset
+    name = cfg.data.dataset
     path = Path(name).expanduser()
     try:
         if name == "shakespeare":
@@ -185,7 +190,9 @@ def _load_text_datasets(cfg: TrainConfig) -> tuple[dict, str]:
         if path.is_dir() and not (path / "dataset_dict.json").exists() and not (path / "state.json").exists():
             files = sorted(str(p) for p in path.rglob("*.txt") if p.is_file())
             if files:  # a folder of .txt files: one document each, in name order
-                return _named_splits(datasets.load_dataset("text", data_files={"train": files}, sample_by="document")), str(path)
+                return _named_splits(
+                    datasets.load_dataset("text", data_files={"train": files}, sample_by="document")
+                ), str(path)
     except ConfigError:
         raise
     except Exception as e:  # undecodable bytes and other read errors
@@ -228,16 +235,27 @@ def _chunks(ds, column: str, start: int, stop: int):
 
 def choose_vocab(cfg: TrainConfig, pieces: dict, source: str) -> Vocab:
     """Characters of the training text, unless the alphabet is large or misses validation/test characters."""
-    if cfg.vocab == "byte":
+    if cfg.data.vocab == "byte":
         return Vocab("byte")
-    train_chars = set().union(*(set(t) for t in _chunks(pieces["train"][0], cfg.text_column or "text", *pieces["train"][1:])))
-    other = {name: set().union(*(set(t) for t in _chunks(ds, cfg.text_column or "text", a, b))) for name, (ds, a, b) in pieces.items() if name != "train"}
+    train_chars = set().union(
+        *(set(t) for t in _chunks(pieces["train"][0], cfg.data.text_column or "text", *pieces["train"][1:]))
+    )
+    other = {
+        name: set().union(*(set(t) for t in _chunks(ds, cfg.data.text_column or "text", a, b)))
+        for name, (ds, a, b) in pieces.items()
+        if name != "train"
+    }
     unknown = sorted(set().union(*other.values()) - train_chars)
-    if cfg.vocab == "char":
+    if cfg.data.vocab == "char":
         if unknown:
-            raise ConfigError(f"--vocab char: the training text lacks characters the other splits use ({''.join(unknown)[:40]!r}); use --vocab byte")
+            raise ConfigError(
+                f"--vocab char: the training text lacks characters the other splits use ({''.join(unknown)[:40]!r}); "
+                "use --vocab byte"
+            )
         if len(train_chars) > 65535:
-            raise ConfigError(f"--vocab char: {source} has {len(train_chars)} distinct characters, too many; use --vocab byte")
+            raise ConfigError(
+                f"--vocab char: {source} has {len(train_chars)} distinct characters, too many; use --vocab byte"
+            )
     elif unknown or len(train_chars) > MAX_CHAR_VOCAB:
         return Vocab("byte")
     return Vocab("char", "".join(sorted(train_chars)))
@@ -251,10 +269,8 @@ def _tokens(vocab: Vocab, ds, start: int, stop: int, column: str) -> np.ndarray:
     key = hashlib.sha256(f"{ds._fingerprint}|{column}|{start}|{stop}|{vocab.to_json()}".encode()).hexdigest()[:24]
     path = token_cache_dir() / f"{key}.{np.dtype(vocab.dtype).name}"
     if not path.exists():
-        tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        with open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:  # whole or absent: another rank (or run) may read it next
             f.writelines(vocab.encode(text).tobytes() for text in _chunks(ds, column, start, stop))
-        os.replace(tmp, path)  # whole or absent: another rank (or run) may read it next
     if path.stat().st_size == 0:  # an empty piece cannot be mapped; the length check then names it
         return np.zeros(0, vocab.dtype)
     tokens = np.memmap(path, dtype=vocab.dtype, mode="r")

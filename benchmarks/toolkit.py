@@ -1,0 +1,333 @@
+"""What every script in benchmarks/ shares: paths, the environment of a run, the `accelerate launch`
+command, a runner (subprocesses with a timeout and a log, interleaved rounds), reading a run folder
+(summary.json, metrics.jsonl), GPU peak FLOP/s, the machine, number formats, and, at the bottom,
+the only calls into anytrain's internals (adapt them there when anytrain changes).
+
+Every script runs as `python benchmarks/<script>.py`: Python puts this folder first on sys.path,
+so `import toolkit` finds this file; anytrain itself is installed (`make install`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+TRAIN = ROOT / "src" / "train.py"
+CONFIGS = ROOT / "accelerate_configs"
+PY = sys.executable
+ACCELERATE = str(Path(PY).with_name("accelerate")) if Path(PY).with_name("accelerate").exists() else None
+TIMEOUT = 300  # seconds per subprocess: a hung run fails its figure, never the whole benchmark
+
+LARGE = "--dataset synthetic --synthetic-samples 21942 --synthetic-features 784 --hidden-sizes 1024 1024".split()
+LARGE += ["--dropout", "0"]
+WORKLOADS = {
+    # name: (description, trainer options, batch per process, steps)
+    # 120 steps = 6 epochs of the digits' 1,259 training rows; 60 steps = 1 epoch of the 15,360
+    # training rows of 21,942 synthetic ones (70/10/20 split), so windows end exactly at epoch ends.
+    "default": ("digits (bundled), MLP 64-256-256-10, dropout 0.2, batch 64", [], 64, 120),
+    "large": ("synthetic 22k x 784, MLP 784-1024-1024-10, batch 256", LARGE, 256, 60),
+}
+
+# Dense (no sparsity) peak TFLOP/s by device name fragment, most specific first: (fp32 without TF32,
+# bf16/fp16 tensor cores). Vendor data sheets.
+GPU_PEAKS = {
+    "H200": (67.0, 989.0), "H100 SXM": (67.0, 989.0), "H100 80GB HBM3": (67.0, 989.0), "H100 NVL": (60.0, 835.0),
+    "H100 PCIe": (51.0, 756.0), "H100": (67.0, 989.0), "A100": (19.5, 312.0), "L40S": (91.6, 362.0),
+    "L4": (30.3, 121.0), "A10G": (31.2, 70.0), "A10": (31.2, 125.0), "V100": (15.7, 125.0), "T4": (8.1, 65.0),
+    "RTX 4090": (82.6, 165.0), "RTX 3090": (35.6, 71.0),
+}  # fmt: skip
+
+
+def gpu_peak(name: str) -> tuple[float, float] | None:
+    """(fp32, bf16) dense peak TFLOP/s of the GPU called `name`, None when it is not in the table."""
+    return next((peak for key, peak in GPU_PEAKS.items() if key.lower() in name.lower()), None)
+
+
+def run_env(threads: int | None = None, **extra: str) -> dict:
+    """Every run's environment: hubs offline, this checkout's src, and no thread settings (the launch
+    decides, as it does for users) unless `threads` sets OMP_NUM_THREADS."""
+    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=str(ROOT / "src"))
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        e.pop(k, None)
+    return {**e, **({"OMP_NUM_THREADS": str(threads)} if threads else {}), **extra}
+
+
+def launch_cmd(config: str, script: Path | str, *args: str, python: str | None = None) -> list[str]:
+    """`accelerate launch --config_file accelerate_configs/<config> <script> <args>`, as users type it
+    (with `python`: `<python> -m accelerate.commands.launch ...`, that interpreter's accelerate)."""
+    head = [ACCELERATE, "launch"] if ACCELERATE and not python else [python or PY, "-m", "accelerate.commands.launch"]
+    port = ["--main_process_port", "0"] if config == "multi_cpu.yaml" else []
+    return [*head, "--config_file", str(CONFIGS / config), *port, str(script), *args]
+
+
+def busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (Linux /proc/stat), None elsewhere."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # guest time is already in user
+
+
+def children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a run and its children (its own session: accelerate launch starts the trainer as a child)."""
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=grace)
+            return
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+
+
+def run_process(cmd, log, env=None, cwd=ROOT, timeout=TIMEOUT, first_step=None) -> tuple[dict, list]:
+    """Run cmd with a wall-clock limit, its output into the open file `log`: (record, output lines
+    with the second each arrived). The record has wall_s, returncode, an error if any, the CPU seconds
+    of the run (cpu_s) and other_load: the cores that everything else on the machine kept busy
+    meanwhile. With `first_step` (a metrics.jsonl), also first_step_s: when its first train line appeared."""
+    rec, lines, first = {"cmd": cmd, "load1_before": os.getloadavg()[0], "start_unix": time.time()}, [], None
+    log.write(f"\n$ (cd {cwd} && {' '.join(map(str, cmd))})\n")
+    log.flush()
+    busy0, cpu0, start = busy_cpu_s(), children_cpu_s(), time.perf_counter()
+    out = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace", "bufsize": 1}
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env or run_env(), start_new_session=True, **out)
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append((time.perf_counter() - start, line.rstrip("\n")))
+            log.write(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    while first_step and first is None and proc.poll() is None and time.perf_counter() - start < timeout:
+        if first_step.exists() and '"train"' in first_step.read_text():
+            first = time.perf_counter() - start
+        time.sleep(0.005)
+    try:
+        proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - start)))
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        rec["error"] = f"timed out after {timeout:.0f} s"
+    wall, cpu, busy1 = time.perf_counter() - start, children_cpu_s() - cpu0, busy_cpu_s()
+    reader.join(10)
+    log.flush()
+    other = max(0.0, (busy1 - busy0 - cpu) / wall) if busy0 is not None and busy1 is not None else None
+    rec.update(wall_s=wall, returncode=proc.returncode, cpu_s=cpu, other_load=other, load1_after=os.getloadavg()[0])
+    if proc.returncode and "error" not in rec:
+        rec["error"] = f"exit code {proc.returncode} (see {Path(log.name).name})"
+        rec["error_tail"] = [text for _, text in lines[-15:]]
+    if first is not None:
+        rec["first_step_s"] = first
+    return rec, lines
+
+
+def rotated(items: list, r: int, step: int = 1) -> list:
+    """items in the order of round r: rotated so that no item always runs first or after the same one."""
+    k = (r * step) % max(1, len(items))
+    return items[k:] + items[:k]
+
+
+class Runner:
+    """Runs the commands of a benchmark into <out>/bench.log, one record per run, a line printed each."""
+
+    def __init__(self, out: Path):
+        self.out, self.runs_dir = out, out / "runs"
+        self.log = (out / "bench.log").open("w")
+        self.records: list[dict] = []
+
+    def run(self, name: str, cmd: list[str], env: dict | None = None, first_step: Path | None = None) -> dict:
+        rec, _ = run_process(cmd, self.log, env=env, first_step=first_step)
+        rec = {"name": name, **rec}
+        self.records.append(rec)
+        status = rec.get("error", "ok")
+        print(f"  {name:34s} {rec['wall_s']:6.1f} s  load {rec['load1_before']:.1f}  {status}", flush=True)
+        return rec
+
+    def fresh(self, name: str) -> Path:
+        """An empty run folder <out>/runs/<name>."""
+        d = self.runs_dir / name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        return d
+
+    def rounds(self, variants: list, rounds: int, step: int = 1, label: str = "round") -> list[dict]:
+        """Every (name, fn(runner) -> record) of variants once per round, in an order rotating per round."""
+        records = []
+        for r in range(rounds):
+            print(f"{label} {r + 1}/{rounds}", flush=True)
+            for name, fn in rotated(variants, r, step):
+                rec = fn(self)
+                rec.update(variant=name, round=r)
+                records.append(rec)
+        return records
+
+
+def read_run(run_dir: Path) -> tuple[list[dict], list[dict], dict | None]:
+    """An anytrain run folder: (its metrics.jsonl train lines by step, its validation lines, summary.json)."""
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    train = sorted((r for r in lines if r.get("kind") == "train"), key=lambda r: r["step"])
+    evals = [r for r in lines if r.get("kind") == "eval" and r.get("split") == "validation"]
+    summary = run_dir / "summary.json"
+    return train, evals, json.loads(summary.read_text()) if summary.exists() else None
+
+
+def steady_tokens_per_s(train: list[dict], skip: int = 1) -> float | None:
+    """The median tokens/s of the logged windows after the first `skip` (compilation, warm-up)."""
+    rates = [r["tokens_per_s"] for r in train[skip:] if r.get("tokens_per_s")]
+    return statistics.median(rates) if rates else None
+
+
+def cpu_name() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def physical_cores() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:
+        return os.cpu_count() or 1
+
+
+def machine() -> dict:
+    import accelerate
+    import torch
+
+    cuda = torch.cuda.is_available()
+    gpu = torch.cuda.get_device_name(0) if cuda else None
+    m = dict(date=datetime.date.today().isoformat(), cpu=cpu_name(), logical_cpus=os.cpu_count())
+    m.update(physical_cores=physical_cores(), cuda=cuda, gpu=gpu, python=platform.python_version())
+    return {**m, "torch": torch.__version__, "accelerate": accelerate.__version__, "platform": platform.platform()}
+
+
+def fmt(v, spec: str = ",.0f", none: str = "n/a") -> str:
+    return none if v is None else format(v, spec)
+
+
+def pct(v) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f} %"
+
+
+def md_head(*columns: str) -> list[str]:
+    """A Markdown table's header and separator lines."""
+    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+
+
+def write_json(path: Path, data, indent: int = 1) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=indent, default=str))
+
+
+# ----- anytrain's internals: everything the benchmarks need from inside anytrain, beyond launching src/train.py
+# and reading its run folder. Callers get plain values (settings(): their own names), never a TrainConfig to read.
+
+
+def _config(options: list[str]):
+    from anytrain.config import parse_config
+
+    return parse_config(options)
+
+
+def settings(cfg) -> SimpleNamespace:
+    """The values of a parsed config the benchmarks use."""
+    names = "seed lr weight_decay batch_size max_steps epochs max_grad_norm log_every_steps"
+    return SimpleNamespace(**{n: cfg.get(n) for n in names.split()})
+
+
+def mlp(hidden_sizes: list[int], features: int, classes: int):
+    """anytrain's registry MLP (Standardize, (Linear, ReLU) x layers, Linear), no dropout."""
+    from anytrain.config import ModelConfig
+    from anytrain.shape import DataShape
+    from anytrain.usermodel import make_model
+
+    shape = DataShape("tabular", num_classes=classes, num_features=features)
+    return make_model(ModelConfig(name="mlp", hidden_sizes=list(hidden_sizes), dropout=0.0), shape)
+
+
+def plain_job(options: list[str]):
+    """For the plain loop, from trainer options: (settings, training inputs, targets, the registry's
+    model, lr_factor(step, total_steps)), seeded as the trainer seeds, the data loaded as it loads them."""
+    import torch
+
+    from anytrain.data import load_splits
+    from anytrain.optim import lr_factor
+    from anytrain.usermodel import make_model
+
+    cfg = _config(options)
+    torch.manual_seed(cfg.run.seed)
+    data = load_splits(cfg)
+    model = make_model(cfg.model, data.shape())
+    return settings(cfg), data.train.inputs, data.train.targets, model, lambda s, total: lr_factor(s, cfg.optim, total)
+
+
+def trainer_job(options: list[str]):
+    """anytrain.trainer.train of the options in this process, as a callable (the options parsed now)."""
+    from anytrain.trainer import train
+
+    cfg = _config(options)
+    return lambda: train(cfg)
+
+
+def prepared_job(options: list[str], accelerator=None):
+    """For data_wait.py: (accelerator, model, optimizer prepared by it, settings, loader(workers, pin,
+    persistent) of the training split through anytrain.data.make_loader, unprepared)."""
+    import torch
+
+    from anytrain.data import load_splits, make_loader
+    from anytrain.optim import build_optimizer
+    from anytrain.scenario import make_accelerator
+    from anytrain.usermodel import make_model
+
+    cfg = _config(options)
+    accelerator = accelerator or make_accelerator(cfg)
+    data = load_splits(cfg)
+    torch.manual_seed(cfg.run.seed)
+    model = make_model(cfg.model, data.shape())
+    model, optimizer = accelerator.prepare(model, build_optimizer(cfg.optim, model))
+
+    def loader(workers: int, pin: bool, persistent: bool):
+        c = cfg.replace(num_workers=workers, pin_memory=pin, persistent_workers=persistent)
+        return make_loader(data.train, c, shuffle=True)
+
+    return accelerator, model, optimizer, settings(cfg), loader
+
+
+def stage_devices(use_cpu: bool | None):
+    """anytrain.model_parallel's placement: (first device, second device, why)."""
+    from anytrain.model_parallel import pick_devices
+
+    return pick_devices(use_cpu=use_cpu)
+
+
+def two_stages(model, devices, micro_batches: int | None = None):
+    """The model split in two stages (anytrain.model_parallel): naive, or pipelined over micro-batches."""
+    from anytrain.model_parallel import PipelinedTwoStageModel, TwoStageModel
+
+    if micro_batches is None:
+        return TwoStageModel(model, devices=devices)
+    return PipelinedTwoStageModel(model, micro_batches=micro_batches, devices=devices)
