@@ -157,6 +157,12 @@ def test_the_task_and_model_follow_the_data_unless_given():
     assert TrainConfig().data.task == "classify" and TrainConfig(dataset="shakespeare").data.task == "lm"
     assert TrainConfig(dataset="book.TXT").data.task == "lm" and TrainConfig(model="gpt").data.task == "lm"
     assert TrainConfig(dataset="digits", text_column="caption").data.task == "lm"
+    # text with a named label column is classified; the same text without one is modelled
+    assert TrainConfig(dataset="reviews.parquet", text_column="review", label_column="stars").data.task == "classify"
+    assert (
+        parse_config(["--dataset", "r.parquet", "--text-column", "review", "--label-column", "y"]).data.task
+        == "classify"
+    )
     assert TrainConfig(dataset="shakespeare", task="classify").data.task == "classify"  # an explicit task wins
     # --model auto is one rule, by the kind of data: mlp for tables, resnet for images, gpt for text
     auto = TrainConfig().model

@@ -58,8 +58,9 @@ def option(default, help: str, *, choices=(), bounds: str = "", resumable=False,
 class DataConfig:
     task: str = option(
         "auto",
-        "classify or lm (next-token language modelling); auto = lm for text data (shakespeare, .txt, "
-        "--text-column) or --model gpt, else classify",
+        "classify or lm (next-token language modelling); auto = lm for --model gpt and for text without "
+        "labels (shakespeare, .txt, --text-column alone), else classify (--text-column with --label-column "
+        "classifies text)",
         choices=("auto", "classify", "lm"),
     )
     dataset: str = option(
@@ -375,8 +376,7 @@ class TrainConfig:
         for name, cls in SECTIONS.items():
             setattr(self, name, cls(**sections[name]))
         if self.data.task == "auto":
-            is_text = self.model.name == "gpt" or is_text_dataset(self.data.dataset, self.data.text_column)
-            self.data.task = "lm" if is_text else "classify"
+            self.data.task = auto_task(self, labelled="label_column" in values)
 
     def get(self, name: str):
         """An option's value by its option name ('lr', 'model')."""
@@ -399,6 +399,16 @@ class TrainConfig:
 
     def __repr__(self) -> str:
         return f"TrainConfig({', '.join(f'{k}={v!r}' for k, v in self.flat().items())})"
+
+
+def auto_task(cfg: TrainConfig, labelled: bool) -> str:
+    """--task auto, the one rule: lm for --model gpt and for text without labels (the bundled
+    shakespeare, .txt files, or --text-column without --label-column); classify otherwise, which
+    with --text-column and --label-column classifies text."""
+    if cfg.model.name == "gpt":
+        return "lm"
+    text = is_text_dataset(cfg.data.dataset, cfg.data.text_column)
+    return "lm" if text and not (cfg.data.text_column and labelled) else "classify"
 
 
 TEXT_SUFFIXES = (".txt",)
