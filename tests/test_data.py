@@ -70,7 +70,7 @@ def test_string_labels_map_to_sorted_class_ids(tmp_path):
     assert data.class_names == ["cat", "dog"]  # saved with the weights, so a prediction can say the name
     from anytrain.tasks import TASKS
 
-    assert TASKS["classify"].weights_metadata(data)["class_names"] == '["cat", "dog"]'
+    assert TASKS["classify"]().weights_metadata(data)["class_names"] == '["cat", "dog"]'
 
 
 def test_synthetic_is_learnable_and_sized_by_options():
@@ -132,7 +132,8 @@ def test_nan_and_non_numeric_features_and_bad_labels(tmp_path):
     (tmp_path / "neg.csv").write_text("x,label\n" + "1,-1\n" * 10 + "2,1\n" * 20)
     assert "outside the" in _error(dataset=str(tmp_path / "neg.csv"))
     (tmp_path / "frac.json").write_text("\n".join(json.dumps({"x": i, "label": i / 3}) for i in range(30)))
-    assert "integer class ids or strings" in _error(dataset=str(tmp_path / "frac.json"))
+    assert "integer class ids or strings" in _error(dataset=str(tmp_path / "frac.json"), task="classify")
+    assert load_splits(TrainConfig(dataset=str(tmp_path / "frac.json"))).task == "regress"  # --task auto: a quantity
 
 
 def test_hub_name_goes_through_datasets_and_fails_clearly_offline():

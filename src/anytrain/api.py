@@ -16,7 +16,7 @@ from .config import ConfigError, TrainConfig, check_config, load_yaml, options_f
 from .usermodel import OBJECT
 
 
-def make_config(config=None, model=None, dataset=None, **options) -> TrainConfig:
+def make_config(config=None, model=None, dataset=None, loss_fn=None, **options) -> TrainConfig:
     """TrainConfig from a TrainConfig, a dict (flat or in sections) or a YAML file, then keyword
     options; checked like flags."""
     if isinstance(config, TrainConfig):
@@ -32,18 +32,21 @@ def make_config(config=None, model=None, dataset=None, **options) -> TrainConfig
         values["model"] = (
             model if isinstance(model, str) else OBJECT + getattr(model, "__qualname__", type(model).__qualname__)
         )
+    if loss_fn is not None:  # recorded by name; the function itself is passed on
+        values["loss"] = OBJECT + getattr(loss_fn, "__qualname__", type(loss_fn).__qualname__)
     if dataset is not None:
         values["dataset"] = dataset if isinstance(dataset, str) else f"<{type(dataset).__name__} object>"
     return check_config(TrainConfig(**values))
 
 
-def train(config=None, *, model=None, dataset=None, **options) -> dict:
+def train(config=None, *, model=None, dataset=None, loss_fn=None, **options) -> dict:
     """Train and return the run's summary (the contents of summary.json).
 
     config: a TrainConfig, a dict of options (flat or in sections) or a YAML file; keyword options override it.
     model: a registry name or "module:factory" string, an nn.Module, or a factory(model, shape) -> nn.Module
         (model: the config's model section, config.ModelConfig; shape: anytrain.DataShape).
     dataset: a name or path as --dataset takes, or a datasets.Dataset / DatasetDict.
+    loss_fn: your training loss, fn(outputs, targets) -> scalar tensor (as --loss module:fn).
     Bad input raises anytrain.config.ConfigError (a ValueError) with the same one-line message the
     command line prints.
     """
@@ -52,10 +55,12 @@ def train(config=None, *, model=None, dataset=None, **options) -> dict:
     from .trainer import Given
     from .trainer import train as run
 
-    cfg = make_config(config, model, dataset, **options)
-    given = Given(
-        model=None if isinstance(model, str) else model, dataset=None if isinstance(dataset, str) else dataset
-    )
+    cfg = make_config(config, model, dataset, loss_fn, **options)
+    objects = {
+        "model": None if isinstance(model, str) else model,
+        "dataset": None if isinstance(dataset, str) else dataset,
+    }
+    given = Given(**objects, loss_fn=loss_fn)
     try:
         return run(cfg, given)
     finally:

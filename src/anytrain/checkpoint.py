@@ -213,7 +213,10 @@ def check_run_folder(cfg: TrainConfig) -> None:
     except yaml.YAMLError:
         saved = {}
     saved, current = saved_options(saved), cfg.flat()
-    differing = sorted(k for k in current if k not in ("resume", "overwrite") and saved.get(k) != current[k])
+    # --task auto is settled by the labels once the data is read: it matches the task the earlier run settled on
+    settled = current["task"] == "auto" and saved.get("task") in ("classify", "regress", "multilabel")
+    ignored = ("resume", "overwrite", "task") if settled else ("resume", "overwrite")
+    differing = sorted(k for k in current if k not in ignored and saved.get(k) != current[k])
     if differing:
         raise ConfigError(
             f"--output-dir: {run_dir} holds a run with a different config ({', '.join(differing)}); "

@@ -58,10 +58,11 @@ def option(default, help: str, *, choices=(), bounds: str = "", resumable=False,
 class DataConfig:
     task: str = option(
         "auto",
-        "classify or lm (next-token language modelling); auto = lm for --model gpt and for text without "
-        "labels (shakespeare, .txt, --text-column alone), else classify (--text-column with --label-column "
-        "classifies text)",
-        choices=("auto", "classify", "lm"),
+        "classify, regress, multilabel or lm (next-token language modelling); auto = lm for --model gpt and for "
+        "text without labels (shakespeare, .txt, --text-column alone); otherwise the labels decide when the data is "
+        "read: several label columns or non-integer numbers = regress, lists = multilabel, else classify "
+        "(--text-column with --label-column classifies text)",
+        choices=("auto", "classify", "regress", "multilabel", "lm"),
     )
     dataset: str = option(
         "digits",
@@ -74,7 +75,12 @@ class DataConfig:
         "feature columns (numbers or fixed-length lists of numbers); empty = every column but the label",
         model_parallel=True,
     )
-    label_column: str = option("label", "column holding the integer (or string) class label", model_parallel=True)
+    label_column: str = option(
+        "label",
+        "column holding the label: a class id or name (classify), a number (regress; several columns "
+        "comma-separated), or a list of class ids or names (multilabel)",
+        model_parallel=True,
+    )
     num_classes: int = option(
         0, "number of classes; 0 = from the label feature or max label + 1", bounds=NON_NEGATIVE, model_parallel=True
     )
@@ -218,6 +224,12 @@ class OptimConfig:
         model_parallel=True,
     )
     gamma: float = option(0.5, "'step' schedule: decay factor", bounds="(0, 1]", model_parallel=True)
+    loss: str = option(
+        "auto",
+        "the training loss: auto = the task's (cross-entropy; MSE for regress; BCE for multilabel), huber "
+        "(regress), or your own fn(outputs, targets) -> scalar as package.module:fn or path/to/file.py:fn. "
+        "Metrics and early stopping use the task's loss",
+    )
     max_grad_norm: float = option(
         1.0,
         "clip the gradient norm to this on each optimizer step; 0 = no clipping",
@@ -241,6 +253,9 @@ class EvalConfig:
         "stop after this many validations without improvement of the validation loss; 0 = off",
         bounds=NON_NEGATIVE,
         resumable=True,
+    )
+    threshold: float = option(
+        0.5, "multilabel: a class is predicted when its probability is above this (saved with the weights)", bounds=UNIT
     )
     early_stopping_min_delta: float = option(
         0.0, "improvement smaller than this does not count", bounds=NON_NEGATIVE, resumable=True
@@ -350,7 +365,8 @@ def _options() -> dict[str, Option]:
 
 
 OPTIONS = _options()  # by option name, in section order
-REGISTRY_MODELS = {"classify": ("mlp", "cnn", "resnet"), "lm": ("gpt",)}  # models.REGISTRY, by task
+LABELLED = ("mlp", "cnn", "resnet")
+REGISTRY_MODELS = {"auto": LABELLED, "classify": LABELLED, "regress": LABELLED, "multilabel": LABELLED, "lm": ("gpt",)}
 
 
 class TrainConfig:
@@ -402,13 +418,14 @@ class TrainConfig:
 
 
 def auto_task(cfg: TrainConfig, labelled: bool) -> str:
-    """--task auto, the one rule: lm for --model gpt and for text without labels (the bundled
-    shakespeare, .txt files, or --text-column without --label-column); classify otherwise, which
-    with --text-column and --label-column classifies text."""
+    """--task auto, the one rule, as far as the options tell: lm for --model gpt and for text without
+    labels (the bundled shakespeare, .txt files, or --text-column without --label-column). Labelled
+    data stays auto until it is read: data/targets.py settle_task lets the labels choose classify,
+    regress or multilabel (--text-column with --label-column classifies text)."""
     if cfg.model.name == "gpt":
         return "lm"
     text = is_text_dataset(cfg.data.dataset, cfg.data.text_column)
-    return "lm" if text and not (cfg.data.text_column and labelled) else "classify"
+    return "lm" if text and not (cfg.data.text_column and labelled) else "auto"
 
 
 TEXT_SUFFIXES = (".txt",)
@@ -611,7 +628,7 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"--n-head ({model.n_head}) must divide --n-embd ({model.n_embd})")
     models = REGISTRY_MODELS[data.task]
     if ":" not in model.name and model.name not in (*models, "auto"):
-        known = sum(REGISTRY_MODELS.values(), ())
+        known = (*LABELLED, "gpt")
         if model.name in known:
             raise ConfigError(f"--model {model.name} does not fit --task {data.task} (choose {' or '.join(models)})")
         raise ConfigError(
@@ -624,7 +641,11 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("--resume and --overwrite contradict each other: choose one")
     if data.streaming and not optim.max_steps:
         raise ConfigError("--streaming needs --max-steps: a stream has no length to size the learning-rate schedule by")
-    if data.streaming and data.task != "classify":
+    if optim.loss in ("mse", "huber") and data.task not in ("regress", "auto"):
+        raise ConfigError(f"--loss {optim.loss} is a regression loss; --task {data.task} has its own (--loss auto)")
+    if optim.loss not in ("auto", "mse", "huber") and ":" not in optim.loss:
+        raise ConfigError(f"--loss: unknown loss '{optim.loss}' (choose auto, mse, huber, or your own as module:fn)")
+    if data.streaming and data.task not in ("classify", "auto"):
         raise ConfigError(
             "--streaming reads classification data (tables of numbers or images); language-model text is "
             "tokenised into memory-mapped files instead"

@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
 from .config import OPTIONS, ConfigError, OneLineParser, TrainConfig, add_options, check_config
-from .tasks import evaluate
+from .tasks import Classification, evaluate
 
 MODES = ("single", "naive", "pipelined")
 
@@ -267,12 +267,16 @@ def prepare(cfg: TrainConfig, mode: str, split_at: int | None, micro_batches: in
     from .optim import build_optimizer, build_scheduler
     from .usermodel import make_model
 
-    if cfg.data.task != "classify":
+    if cfg.data.task not in ("classify", "auto"):
         raise ConfigError(
             f"model_parallel trains classifiers (tables of numbers); --task {cfg.data.task} is not offered"
         )
     set_seed(cfg.run.seed)  # the same initial weights as the trainer and as every other mode
     data = load_splits(cfg)
+    if data.task != "classify":
+        raise ConfigError(
+            f"model_parallel trains classifiers; the labels of {data.source} make this a {data.task} task"
+        )
     model = make_model(cfg.model, data.shape())
     if not isinstance(model, nn.Sequential):
         raise ConfigError(
@@ -327,12 +331,12 @@ def train_model_parallel(
         step, seen, loss = train_epoch(cfg, model, train_loader, optimizer, scheduler, step, total_steps)
         samples += seen
         train_seconds += time.perf_counter() - epoch_start
-        val = evaluate(model, on_devices(model, val_loader))
+        val = evaluate(model, on_devices(model, val_loader), Classification())
         metrics = f"loss {loss.item():.4f}, val_loss {val['loss']:.4f}, val_accuracy {val['accuracy']:.4f}"
         say(f"epoch {epoch}: step {step}, {metrics}")
         if step >= total_steps:
             break
-    test = evaluate(model, on_devices(model, test_loader))
+    test = evaluate(model, on_devices(model, test_loader), Classification())
     summary = {
         "mode": mode,
         "placement": placement(model),

@@ -1,12 +1,14 @@
-"""Use a trained classifier on new data:
+"""Use a trained classifier, regressor or multi-label model on new data:
 
     anytrain predict runs/default --dataset new_rows.csv --output preds.jsonl
     python -m anytrain.predict runs/default --dataset new_rows.parquet
 
-One JSON line per row: the row index, the predicted class id, its name when the training labels
-had names (strings or a ClassLabel), its probability, and the true label when the file has the
-run's label column. The file is read like training data (`datasets`: parquet, csv, json/jsonl, a
-save_to_disk folder); it must hold the run's input columns, saved with the weights.
+One JSON line per row: the row index, then what the run's task predicts: a classifier's class id,
+its name when the training labels had names (strings or a ClassLabel) and its probability; a
+regressor's values in the targets' own units, by column name; a multi-label model's labels above its
+threshold with their probabilities. The true label follows when the file has the run's label column.
+The file is read like training data (`datasets`: parquet, csv, json/jsonl, a save_to_disk folder);
+it must hold the run's input columns, saved with the weights.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .outputs import load_model, read_weights_metadata, weights_file
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="anytrain predict", description="Predict classes for new rows with a trained classification run."
+        prog="anytrain predict", description="Predict for new rows with a trained classify, regress or multilabel run."
     )
     parser.add_argument("run_dir", help="run folder (or its model.safetensors) of a classification run")
     parser.add_argument(
@@ -84,16 +86,20 @@ def read_images(dataset: str, columns: list[str], meta: dict) -> tuple[torch.Ten
 
 
 def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
+    """One dict per row: its index, what the run's task predicts (tasks.py `predictions`: a class and its
+    probability, values in the targets' units, or the labels above the threshold), and the true label."""
+    from .data.targets import label_columns
+    from .tasks import get_task, logits_of
+
     weights = weights_file(run_dir)
     _, cfg, meta = read_weights_metadata(weights)
-    if cfg.data.task != "classify":
+    if cfg.data.task == "lm":
         raise ConfigError(f"run_dir: {run_dir} is a language-model run; use `anytrain sample {run_dir}`")
     if "input_columns" not in meta:
         raise ConfigError(
             f"run_dir: no input columns were saved with {run_dir} (trained on generated data, or by an older anytrain)"
         )
     columns = json.loads(meta["input_columns"])
-    names = json.loads(meta["class_names"]) if "class_names" in meta else None
     features, ds, source = read_images(dataset, columns, meta) if "image_look" in meta else read_rows(dataset, columns)
     if "num_features" in meta and features.shape[1] != int(meta["num_features"]):
         raise ConfigError(
@@ -102,17 +108,14 @@ def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
         )
     model = load_model(weights)
     with torch.no_grad():
-        probs = torch.cat(
-            [model(features[i : i + batch_size]).float().softmax(-1) for i in range(0, len(features), batch_size)]
+        outputs = torch.cat(
+            [logits_of(model(features[i : i + batch_size])) for i in range(0, len(features), batch_size)]
         )
-    best, ids = probs.max(-1)
-    labels = ds[cfg.data.label_column] if cfg.data.label_column in ds.column_names else None
-    rows = []
-    for i, (k, p) in enumerate(zip(ids.tolist(), best.tolist())):
-        row = {"row": i, "class_id": k, "class_name": names[k] if names else None, "probability": p}
-        if labels is not None:
-            row["label"] = labels[i]
-        rows.append(row)
+    rows = [{"row": i, **row} for i, row in enumerate(get_task(cfg).predictions(outputs, meta))]
+    labels = [c for c in label_columns(cfg) if c in ds.column_names]
+    for label in labels:
+        for i, value in enumerate(ds[label]):
+            rows[i]["label" if len(labels) == 1 else f"label_{label}"] = value
     return rows
 
 

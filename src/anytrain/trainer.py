@@ -16,6 +16,7 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,15 +42,16 @@ from .optim import build_optimizer, build_scheduler
 from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weights_fingerprint, write_json
 from .runlock import RunLock
 from .scenario import describe, format_scenario, make_accelerator
-from .tasks import evaluate, get_task
-from .usermodel import model_name
+from .tasks import check_loss, evaluate, load_task, training_loss, user_loss_function
+from .usermodel import forward_for, model_name, targets_keyword
 
 
 def load_data(accelerator, cfg: TrainConfig, given=None):
+    """(task, data): the data loaded and --task auto settled by its labels (tasks.load_task)."""
     # The main process prepares (and caches) the dataset first; the others then read the cache.
     with accelerator.main_process_first():
         try:
-            return get_task(cfg).load_data(cfg, given)
+            return load_task(cfg, given)
         except ConfigError as err:
             error = err  # leave the context normally so no rank is left waiting at its barrier
     raise error
@@ -183,6 +185,8 @@ class Parts:
     task: object
     data: object
     model: nn.Module
+    forward: Callable  # how the loop calls the model (tasks.forward_for)
+    criterion: Callable  # the training loss (tasks.training_loss)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     train_loader: object
@@ -195,10 +199,11 @@ class Parts:
 
 @dataclass
 class Given:
-    """Objects passed to anytrain.train() instead of names: a model (or factory) and a datasets object."""
+    """Objects passed to anytrain.train() instead of names: a model (or factory), a datasets object, a loss."""
 
     model: object = None
     dataset: object = None
+    loss_fn: Callable | None = None  # fn(outputs, targets) -> scalar, as --loss module:fn
 
 
 def train(cfg: TrainConfig, given: Given | None = None) -> dict:
@@ -250,13 +255,18 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     # Every check that can refuse the run happens before anything is written.
     check_run_folder(cfg)
     resume_from, pointer_warning = find_resume_checkpoint(cfg) if cfg.run.resume else (None, None)
+    user_loss = given.loss_fn or (user_loss_function(cfg.optim.loss) if ":" in cfg.optim.loss else None)
     set_seed(cfg.run.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
-    task = get_task(cfg)
-    data = load_data(accelerator, cfg, given.dataset)
+    task, data = load_data(accelerator, cfg, given.dataset)
+    accelerator.print(f"anytrain: task {task.name} ({getattr(data, 'task_reason', '') or 'auto'})")
     check_writable(run_dir)
     take_lock(accelerator, lock)
 
     model = task.build_model(cfg, data, given.model)
+    forward = forward_for(model)  # model(inputs), or with the targets for a model that computes its own loss
+    criterion = training_loss(task, user_loss)
+    if user_loss is not None or targets_keyword(model):  # the task's own loss on checked logits needs no trial
+        check_loss(criterion, model, task, data.shape(), forward)
     optimizer = build_optimizer(cfg.optim, model, accelerator.device.type)
     splits = [split for split in (data.train, data.validation, data.test) if split is not None]
     loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in splits]
@@ -279,18 +289,9 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
     open_run_folder(cfg, accelerator, resumed_at_step=progress.step if resume_from else None)
     test_loader = loaders[2] if len(loaders) > 2 else None
+    steps = {"progress": progress, "total_steps": total_steps, "resume_from": resume_from}
     return Parts(
-        accelerator,
-        task,
-        data,
-        model,
-        optimizer,
-        scheduler,
-        *loaders[:2],
-        test_loader,
-        progress,
-        total_steps,
-        resume_from,
+        accelerator, task, data, model, forward, criterion, optimizer, scheduler, *loaders[:2], test_loader, **steps
     )
 
 
@@ -350,7 +351,7 @@ class Loop:
         """Train until the epochs or --max-steps run out or early stopping says stop; returns the
         epoch at which early stopping stopped the run, None when it did not."""
         cfg, parts, progress, accelerator = self.cfg, self.parts, self.parts.progress, self.parts.accelerator
-        model, optimizer, criterion = parts.model, parts.optimizer, parts.task.criterion()
+        model, forward, criterion, optimizer = parts.model, parts.forward, parts.criterion, parts.optimizer
         log_every, save_every = cfg.run.log_every_steps, cfg.run.checkpoint_every_steps
         eval_every, clip = cfg.eval.eval_every_steps, cfg.optim.max_grad_norm
         epoch_length = epoch_batches(parts.train_loader) or math.inf  # a stream's epoch ends when it runs out
@@ -360,8 +361,8 @@ class Loop:
             model.train()
             for inputs, targets in self.batches(epoch):
                 with accelerator.accumulate(model):  # all-reduced and applied once per grad_accum_steps batches
-                    outputs = model(inputs)
-                    loss = criterion(outputs, targets)
+                    outputs = forward(model, inputs, targets)  # model(inputs), + targets if it computes its loss
+                    loss = criterion(outputs, targets)  # the model's own loss, else --loss or the task's
                     accelerator.backward(loss)  # scales the loss under fp16 and divides it for accumulation
                     if accelerator.sync_gradients and clip:
                         accelerator.clip_grad_norm_(model.parameters(), clip)  # unscales first under fp16
@@ -452,9 +453,11 @@ class Loop:
         decided on the main process and seen by every rank (so no rank stops alone and hangs the others)."""
         progress, accelerator, model = self.parts.progress, self.parts.accelerator, self.parts.model
         with self.speed.paused():
-            result = evaluate(model, self.parts.val_loader, accelerator.gather_for_metrics)
+            result = evaluate(
+                model, self.parts.val_loader, self.parts.task, accelerator.gather_for_metrics, self.parts.forward
+            )
             model.train()
-        self.val = self.parts.task.eval_metrics(result["loss"], result["accuracy"])
+        self.val = {k: v for k, v in result.items() if k != "samples"}
         self.log.write(kind="eval", split="validation", step=progress.step, epoch=progress.epoch, **self.val)
         if result["loss"] < progress.best_val_loss - self.cfg.eval.early_stopping_min_delta:
             progress.best_val_loss, progress.evals_without_improvement, self.improved_at = (
@@ -513,8 +516,8 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
     epochs_completed = progress.epoch + (progress.batches_done > 0)
     test = {}
     if parts.test_loader is not None:
-        result = evaluate(parts.model, parts.test_loader, accelerator.gather_for_metrics)
-        test = task.eval_metrics(result["loss"], result["accuracy"])
+        result = evaluate(parts.model, parts.test_loader, task, accelerator.gather_for_metrics, parts.forward)
+        test = {k: v for k, v in result.items() if k != "samples"}
         loop.log.write(kind="eval", split="test", step=progress.step, epoch=max(epochs_completed - 1, 0), **test)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(parts.model)  # full weights even when sharded (FSDP)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -67,8 +68,10 @@ def model_name(model_cfg: ModelConfig, shape: DataShape) -> str:
     return AUTO[shape.kind] if model_cfg.name == "auto" else model_cfg.name
 
 
-def make_model(model_cfg: ModelConfig, shape: DataShape, given: nn.Module | Callable | None = None) -> nn.Module:
-    """The model to train (the one way to build one), checked against the data's shape."""
+def make_model(model_cfg: ModelConfig, shape: DataShape, given=None, example_targets=None) -> nn.Module:
+    """The model to train (the one way to build one): given (an nn.Module or a factory) or named by
+    model_cfg; checked against the data's shape with one forward pass (the task's example targets go
+    to a model that takes targets)."""
     label = f"--model {model_cfg.name}"
     name = model_name(model_cfg, shape)
     if given is None and name.startswith(OBJECT):
@@ -88,27 +91,65 @@ def make_model(model_cfg: ModelConfig, shape: DataShape, given: nn.Module | Call
             raise ConfigError(f"{label}: the factory raised {first_line(e)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{label}: the factory returned {type(model).__name__}, not a torch.nn.Module")
-    check_outputs(model, shape, label)
+    check_outputs(model, shape, label, example_targets)
     return model
 
 
-def check_outputs(model: nn.Module, shape: DataShape, label: str) -> None:
-    """One forward pass on a batch of 2 (eval mode, no gradients): the logits must have the shape the loss needs."""
+def logits_of(outputs):
+    """The tensor of predictions in a model's output: the output itself, or its `logits` (dict or attribute)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    return outputs.get("logits") if isinstance(outputs, dict) else getattr(outputs, "logits", None)
+
+
+def loss_of(outputs):
+    """The loss a model computed itself (a dict's or object's `loss`, the transformers convention), or None."""
+    if isinstance(outputs, torch.Tensor):
+        return None
+    return outputs.get("loss") if isinstance(outputs, dict) else getattr(outputs, "loss", None)
+
+
+def targets_keyword(model: nn.Module) -> str | None:
+    """'labels' or 'targets' when the model's forward takes the targets (it computes its own loss)."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in ("labels", "targets") if name in parameters), None)
+
+
+def forward_for(model: nn.Module) -> Callable:
+    """How the loop calls this model: model(inputs), or model(inputs, labels=targets) for one that takes them.
+    Decided once, on the unwrapped model, so the loop holds no branch for it."""
+    keyword = targets_keyword(model)
+    if keyword is None:
+        return lambda m, inputs, targets: m(inputs)
+    return lambda m, inputs, targets: m(inputs, **{keyword: targets})
+
+
+def check_outputs(model: nn.Module, shape: DataShape, label: str, targets: torch.Tensor | None = None) -> None:
+    """One forward pass on a batch of 2 (eval mode, no gradients): the logits must have the shape the loss
+    needs; a model may instead (or also) return its own loss, as a dict's or an object's `loss`."""
     inputs = shape.example_inputs(2)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            outputs = model(inputs.to(device))
+            outputs = forward_for(model)(model, inputs.to(device), None if targets is None else targets.to(device))
     except Exception as e:  # noqa: BLE001
         raise ConfigError(
             f"{label}: the model failed on a batch of inputs of shape {tuple(inputs.shape)}: {first_line(e)}"
         ) from None
     finally:
         model.train(was_training)
+    logits = logits_of(outputs)
+    if logits is None and loss_of(outputs) is None:
+        raise ConfigError(
+            f"{label}: the model's output has neither logits nor a loss (got {type(outputs).__name__}): return logits, "
+            "or a dict or object with `logits` and/or `loss`"
+        )
+    if logits is None:
+        return  # a model that returns only its own loss
     expected = shape.logits_shape(2)
-    got = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs).__name__
+    got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
     if got != expected:
         what = "(batch, block_size, vocab_size)" if shape.kind == "text" else "(batch, num_classes)"
         raise ConfigError(

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..config import ConfigError, TrainConfig, first_line
 from ..shape import DataShape
+from .targets import label_columns, multi_hot, read_labels, regression_values, settle_task, standardised
 
 DIGITS_PATH = Path(__file__).with_name("digits.parquet")
 FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
@@ -75,6 +76,11 @@ class DataSplits:
     class_names: list[str] | None = None  # string labels (sorted: id i is the i-th) or a ClassLabel's names
     input_columns: list[str] | None = None  # the feature columns, in the order they were concatenated
     stats: tuple[torch.Tensor, torch.Tensor] | None = None  # (mean, std) when the rows stay in Arrow (arrow.py)
+    task: str = "classify"  # or regress, multilabel (targets.py); num_classes is then the outputs per sample
+    task_reason: str = ""  # why: --task, or what --task auto saw in the labels
+    target_names: list[str] | None = None  # regress: the label columns
+    target_mean: torch.Tensor | None = None  # regress: the training split's statistics, saved with the weights
+    target_std: torch.Tensor | None = None
 
     @functools.cached_property
     def feature_mean(self) -> torch.Tensor:  # cached: shape() is asked for more than once, the statistics once
@@ -98,6 +104,7 @@ class DataSplits:
 
     def describe(self) -> dict:
         return {
+            "task_reason": self.task_reason or "auto",
             "num_features": self.num_features,
             "num_classes": self.num_classes,
             "train_samples": len(self.train),
@@ -154,15 +161,18 @@ def load_splits(cfg: TrainConfig, given=None):
         return load_stream_splits(cfg, {name: _as_stream(ds) for name, ds in splits.items()}, source)
     column = image_column(splits["train"], cfg)
     if column is not None:
-        return load_image_splits(cfg, splits, source, column)
+        return load_image_splits(cfg, splits, source, _classify_only(cfg, "images", column))
     inputs = _check_columns(splits, cfg, source)
     if table_megabytes(splits, inputs) > cfg.data.max_in_memory_mb:
-        return load_arrow_splits(cfg, splits, source, inputs)
+        return load_arrow_splits(cfg, splits, source, _classify_only(cfg, "tables over --max-in-memory-mb", inputs))
     tensors = {name: _to_tensors(ds, cfg, source, name) for name, ds in splits.items()}
+    task, reason = settle_task(cfg, tensors["train"][1])
+    input_columns = cfg.data.input_columns or [c for c in splits["train"].column_names if c not in label_columns(cfg)]
+    if task != "classify":
+        return _target_splits(task, reason, tensors, cfg, source, input_columns)
     num_classes, string_ids = _num_classes(tensors, cfg, source)
     feature_names = next(iter(tensors.values()))[2]
     class_names = list(string_ids) if string_ids is not None else list(feature_names) if feature_names else None
-    input_columns = cfg.data.input_columns or [c for c in splits["train"].column_names if c != cfg.data.label_column]
     tensors = {name: (x, _label_ids(y, string_ids)) for name, (x, y, _) in tensors.items()}
     present = torch.unique(tensors["train"][1])
     if len(present) < 2:
@@ -170,7 +180,42 @@ def load_splits(cfg: TrainConfig, given=None):
             f"--label-column: every training row of {source} has the same label ({present.tolist()[0]}); a classifier "
             "needs at least 2 classes to learn"
         )
-    return _finish(tensors, cfg, num_classes, source, class_names, input_columns)
+    return _finish(tensors, cfg, num_classes, source, class_names, input_columns, reason=reason)
+
+
+def _classify_only(cfg: TrainConfig, what: str, passed=None):
+    """Regression and multi-label read tables held in memory; images and larger tables are classified."""
+    if cfg.data.task in ("regress", "multilabel"):
+        raise ConfigError(f"--task {cfg.data.task} reads tables in memory; {what} are classified (--task classify)")
+    return passed
+
+
+def _target_splits(task: str, reason: str, tensors: dict, cfg: TrainConfig, source: str, columns: list) -> DataSplits:
+    """Regression and multi-label splits: targets made (targets.py), missing splits carved, then standardised."""
+    labels = {name: y for name, (_, y, _) in tensors.items()}
+    if task == "regress":
+        targets = {name: regression_values(y, cfg, source, name) for name, y in labels.items()}
+        names = None
+    else:
+        targets, names = multi_hot(labels, cfg, source)
+    parts = carve({name: (x, targets[name]) for name, (x, _, _) in tensors.items()}, cfg, source)
+    extra = {}
+    if task == "regress":
+        parts, mean, std = standardised(parts)
+        extra = {"target_names": label_columns(cfg), "target_mean": mean, "target_std": std}
+    return DataSplits(
+        train=TensorPairs(*parts["train"]),
+        validation=TensorPairs(*parts["validation"]),
+        test=TensorPairs(*parts["test"]),
+        num_features=parts["train"][0].shape[1],
+        num_classes=parts["train"][1].shape[1],
+        source=source,
+        class_names=names,
+        input_columns=columns,
+        task=task,
+        task_reason=reason,
+        **extra,
+    )
 
 
 def _as_stream(ds):
@@ -247,11 +292,10 @@ def _check_columns(splits: dict, cfg: TrainConfig, source: str) -> list[str]:
         if len(ds) == 0:
             raise ConfigError(f"--dataset: the {split} split of {source} is empty")
         columns = ds.column_names
-        if cfg.data.label_column not in columns:
-            raise ConfigError(
-                f"--label-column: column '{cfg.data.label_column}' not in {source} (columns: {', '.join(columns)})"
-            )
-        inputs = cfg.data.input_columns or [c for c in columns if c != cfg.data.label_column]
+        for label in label_columns(cfg):
+            if label not in columns:
+                raise ConfigError(f"--label-column: column '{label}' not in {source} (columns: {', '.join(columns)})")
+        inputs = cfg.data.input_columns or [c for c in columns if c not in label_columns(cfg)]
         for c in inputs:
             if c not in columns:
                 raise ConfigError(f"--input-columns: column '{c}' not in {source} (columns: {', '.join(columns)})")
@@ -269,7 +313,7 @@ def _check_columns(splits: dict, cfg: TrainConfig, source: str) -> list[str]:
 
 
 def _to_tensors(ds, cfg: TrainConfig, source: str, split: str):
-    inputs = cfg.data.input_columns or [c for c in ds.column_names if c != cfg.data.label_column]
+    inputs = cfg.data.input_columns or [c for c in ds.column_names if c not in label_columns(cfg)]
     table = ds.with_format("arrow")  # whole columns straight from Arrow: no per-row Python (0.26 s -> 5 ms on digits)
     parts = []
     for c in inputs:
@@ -283,9 +327,8 @@ def _to_tensors(ds, cfg: TrainConfig, source: str, split: str):
             raise ConfigError(f"--dataset: column '{c}' of {source} ({split} split) has NaN or infinite values")
         parts.append(col)
     features = torch.from_numpy(np.concatenate(parts, axis=1))
-    labels = table[cfg.data.label_column].to_numpy()  # nulls become NaN and are refused with the other non-integers
-    feature = ds.features[cfg.data.label_column]
-    names = getattr(feature, "names", None)
+    labels = read_labels(table, cfg)
+    names = getattr(ds.features[label_columns(cfg)[0]], "names", None)
     return features, labels, names
 
 
@@ -413,6 +456,7 @@ def _finish(
     source: str,
     class_names: list[str] | None = None,
     input_columns: list[str] | None = None,
+    reason: str = "",
 ) -> DataSplits:
     tensors = carve(tensors, cfg, source)
     return DataSplits(
@@ -424,4 +468,5 @@ def _finish(
         source=source,
         class_names=class_names,
         input_columns=input_columns,
+        task_reason=reason,
     )

@@ -1,0 +1,107 @@
+"""What the label column(s) of a table become for each task, and `--task auto`'s choice between them.
+
+- classify: class ids (data/__init__.py, as before);
+- regress: the values of one or several numeric columns (`--label-column price,rent`), standardised
+  with the training split's mean and standard deviation (kept, saved with the weights);
+- multilabel: a column of lists of class ids or names, as multi-hot rows.
+
+--task auto, for a table: several label columns, or one float column whose values are not all
+integers, is regression; a column of lists is multi-label; anything else is classification.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..config import ConfigError, TrainConfig
+
+
+def label_columns(cfg: TrainConfig) -> list[str]:
+    """--label-column: one column, or for regression several, comma-separated."""
+    return [c.strip() for c in cfg.data.label_column.split(",") if c.strip()]
+
+
+def read_labels(table: pa.Table, cfg: TrainConfig):
+    """One label column as numpy (lists as a list of Python lists); several as a float (rows, columns) array."""
+    columns = label_columns(cfg)
+    if len(columns) > 1:
+        return np.stack([_numbers(table[c], c) for c in columns], axis=1)
+    column = table[columns[0]]
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        return column.to_pylist()
+    return column.to_numpy()  # nulls become NaN and are refused with the other non-numbers
+
+
+def _numbers(column: pa.ChunkedArray, name: str) -> np.ndarray:
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        raise ConfigError(f"--label-column: '{name}' holds {column.type}, not numbers: regression needs numbers")
+    return column.to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def settle_task(cfg: TrainConfig, labels) -> tuple[str, str]:
+    """The task for these (training) labels, and why, when --task is auto; else the task asked for."""
+    if cfg.data.task != "auto":
+        return cfg.data.task, f"--task {cfg.data.task}"
+    if isinstance(labels, list):
+        return "multilabel", "auto: the label column holds lists"
+    if labels.ndim == 2:
+        return "regress", f"auto: {labels.shape[1]} label columns"
+    if labels.dtype.kind == "f" and np.isfinite(labels).all() and not np.all(labels == np.round(labels)):
+        return "regress", f"auto: the label '{cfg.data.label_column}' holds numbers that are not all integers"
+    return "classify", "auto"
+
+
+def regression_values(labels, cfg: TrainConfig, source: str, split: str) -> torch.Tensor:
+    """(rows, targets) float values; a text label or a NaN/inf target is one line naming the column."""
+    if isinstance(labels, list) or labels.dtype.kind not in "iufb":
+        raise ConfigError(
+            f"--label-column: '{cfg.data.label_column}' of {source} holds text (or lists), not numbers: "
+            "regression needs numeric targets"
+        )
+    values = labels.astype(np.float64).reshape(len(labels), -1)
+    if not np.isfinite(values).all():
+        raise ConfigError(
+            f"--label-column: '{cfg.data.label_column}' of {source} ({split} split) has NaN or infinite targets"
+        )
+    return torch.from_numpy(values.astype(np.float32))
+
+
+def standardised(parts: dict) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Targets standardised with the training split's statistics: (parts, mean, std); a constant target keeps std 1."""
+    train = parts["train"][1]
+    mean, std = train.mean(0), train.std(0) if len(train) > 1 else torch.ones(train.shape[1])
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return {name: (x, (y - mean) / std) for name, (x, y) in parts.items()}, mean, std
+
+
+def multi_hot(labels: dict, cfg: TrainConfig, source: str) -> tuple[dict, list[str] | None]:
+    """{split: list of label lists} -> ({split: (rows, classes) float multi-hot}, class names or None for ids).
+    Names are the training split's, sorted; ids must be below --num-classes (or the largest id + 1)."""
+    for split, rows in labels.items():
+        if not isinstance(rows, list):
+            raise ConfigError(
+                f"--label-column: '{cfg.data.label_column}' of {source} ({split} split) does not hold lists"
+            )
+    train = [v for row in labels["train"] for v in (row or [])]
+    if train and isinstance(train[0], str):
+        names = sorted(set(map(str, train)))
+        ids, count = {name: i for i, name in enumerate(names)}, len(names)
+    else:
+        high = max((int(v) for rows in labels.values() for row in rows for v in (row or [])), default=0)
+        names, ids, count = None, None, cfg.data.num_classes or high + 1
+    out = {}
+    for split, rows in labels.items():
+        hot = torch.zeros(len(rows), count)
+        for i, row in enumerate(rows):
+            for v in row or []:
+                k = ids.get(v) if ids is not None else int(v)
+                if k is None or not 0 <= k < count:
+                    raise ConfigError(
+                        f"--label-column: the {split} split of {source} has the label {v!r}, not one of the "
+                        f"{count} classes of the training split"
+                    )
+                hot[i, k] = 1.0
+        out[split] = hot
+    return out, names
