@@ -39,7 +39,7 @@ from .config import ConfigError, TrainConfig
 from .data import loader_workers, make_loader
 from .optim import build_optimizer, build_scheduler
 from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weights_fingerprint, write_json
-from .runlock import RunLock
+from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator
 from .tasks import evaluate, get_task
 from .usermodel import model_name
@@ -248,11 +248,14 @@ def take_lock(accelerator: Accelerator, lock: RunLock) -> None:
 def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Given) -> Parts:
     run_dir = Path(cfg.run.output_dir)
     # Every check that can refuse the run happens before anything is written.
+    check_not_in_use(run_dir)  # a run still training in the folder is said first (the lock is taken below)
     check_run_folder(cfg)
     resume_from, pointer_warning = find_resume_checkpoint(cfg) if cfg.run.resume else (None, None)
     set_seed(cfg.run.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
     task = get_task(cfg)
     data = load_data(accelerator, cfg, given.dataset)
+    for note in getattr(data, "notes", ()):  # skipped files, a label that looks like a quantity
+        accelerator.print(f"anytrain: {note}")
     check_writable(run_dir)
     take_lock(accelerator, lock)
 
