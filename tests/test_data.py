@@ -155,3 +155,54 @@ def test_list_columns_become_rows_of_features_and_ragged_lists_are_refused(tmp_p
     rows[3]["image"] = [[1, 2], [3]]
     (tmp_path / "ragged.json").write_text("\n".join(json.dumps(r) for r in rows))
     assert "lists differ in length" in _error(dataset=str(tmp_path / "ragged.json"))
+
+
+def _diabetes_like(path, rows=442, distinct=214, seed=0):
+    """Shaped like scikit-learn's diabetes table: 10 float features and a float target holding
+    integers, `distinct` different values between 25 and 346."""
+    import datasets
+
+    rng = np.random.default_rng(seed)
+    values = np.concatenate([[25, 346], rng.choice(np.arange(26, 346), size=distinct - 2, replace=False)])
+    target = np.concatenate([values, rng.choice(values, size=rows - distinct)]).astype(np.float64)
+    rng.shuffle(target)
+    table = {f"x{i}": rng.normal(size=rows).tolist() for i in range(10)}
+    datasets.Dataset.from_dict({**table, "target": target.tolist()}).to_parquet(str(path))
+    return path
+
+
+def test_a_label_that_looks_like_a_quantity_gets_a_warning_naming_task_regress(tmp_path, capsys):
+    from anytrain.cli import main
+
+    path = _diabetes_like(tmp_path / "diabetes.parquet")
+    for max_mb in (1024, 0):  # tensors in memory, and rows read per batch from Arrow
+        data = load_splits(TrainConfig(dataset=str(path), label_column="target", max_in_memory_mb=max_mb))
+        distinct, rows = len(torch.unique(data.train.targets)), len(data.train)
+        assert data.num_classes == 347 and rows == 442 - 44 - 88 and distinct > 0.1 * rows
+        warning = (
+            f"WARNING: --label-column 'target' looks like a quantity ({distinct} distinct values over {rows} rows): "
+            "for regression use --task regress"
+        )
+        assert data.notes == [warning]
+    args = f"--label-column target --epochs 1 --hidden-sizes 16 --no-progress --no-plot --dataset {path}".split()
+    main([*args, "--output-dir", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert out.splitlines().count(f"anytrain: {warning}") == 1, out
+    # integer ids spread thin: 3 distinct values but 101 classes
+    (tmp_path / "codes.csv").write_text("x,code\n" + "".join(f"{i},{(i % 3) * 50}\n" for i in range(300)))
+    assert load_splits(TrainConfig(dataset=str(tmp_path / "codes.csv"), label_column="code")).notes == [
+        "WARNING: --label-column 'code' looks like a quantity (3 distinct values up to 100, so 101 classes): "
+        "for regression use --task regress"
+    ]
+
+
+def test_class_labels_do_not_get_the_quantity_warning(tmp_path):
+    assert load_splits(TrainConfig()).notes == []  # digits: 10 classes over 1,259 rows
+    path = _diabetes_like(tmp_path / "diabetes.parquet")
+    assert load_splits(TrainConfig(dataset=str(path), label_column="target", num_classes=400)).notes == []  # told
+    many = tmp_path / "many.csv"  # 30 classes over 2,000 rows: below 10 % of the training rows
+    many.write_text("x,label\n" + "".join(f"{i},{i % 30}\n" for i in range(2000)))
+    assert load_splits(TrainConfig(dataset=str(many))).notes == []
+    named = tmp_path / "named.csv"  # string labels are names, whatever their number
+    named.write_text("x,label\n" + "".join(f"{i},class{i % 100}\n" for i in range(300)))
+    assert load_splits(TrainConfig(dataset=str(named))).notes == []

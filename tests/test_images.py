@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, finish_run, launch, max_abs_diff, read_summary, start_run, wait_for_step
-from imagedata import write_image_parquet, write_imagefolder
+from imagedata import digit_images, write_image_parquet, write_imagefolder
 
 import anytrain
 from anytrain.cli import main
@@ -173,6 +173,83 @@ def test_an_image_that_cannot_be_decoded_is_named_in_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and err.startswith(
         f"train.py: error: --dataset: cannot decode image {bad} (UnidentifiedImageError"
     ), err
+
+
+def test_an_image_folder_with_stray_text_files_trains_as_images_and_counts_them(tmp_path, capsys, one_thread):
+    """A notes.txt beside the class folders no longer makes the folder a text corpus: the run
+    classifies the images, says at start which files it skipped, and lists them in summary.json."""
+    folder = write_imagefolder(tmp_path / "img", size=8, count=600)
+    (folder / "notes.txt").write_text("where these images came from")
+    (folder / "3" / "README.txt").write_text("the threes")
+    (folder / ".DS_Store").write_bytes(b"hidden: datasets ignores it, and so does the count")
+    assert TrainConfig(dataset=str(folder)).data.task == "classify"
+    s = anytrain.train(
+        {"model": "mlp", "hidden_sizes": [64], "dropout": 0.0, "augment": [], "lr": 0.01, "epochs": 4},
+        dataset=str(folder),
+        progress=False,
+        output_dir=str(tmp_path / "run"),
+    )
+    out = capsys.readouterr().out
+    line = f"anytrain: skipped 2 files that are not images in {folder}: 3/README.txt, notes.txt"
+    assert out.splitlines().count(line) == 1, out
+    assert s["skipped_files"] == read_summary(tmp_path / "run")["skipped_files"] == ["3/README.txt", "notes.txt"]
+    assert s["image_mode"] == "L" and s["num_classes"] == 10 and s["train_samples"] == 600 - 60 - 120
+    assert s["test_accuracy"] > 0.85, s["test_accuracy"]
+
+
+def test_a_folder_is_an_image_folder_when_it_holds_images_even_beside_more_text_files(tmp_path):
+    """datasets alone picks the builder by the most common suffix; here .txt outnumbers .png."""
+    folder = write_imagefolder(tmp_path / "img", size=8, count=20)
+    for i in range(25):
+        (folder / f"note{i:02d}.txt").write_text(f"note {i}")
+    data = load_splits(TrainConfig(dataset=str(folder), model="mlp"))
+    assert len(data.train) + len(data.validation) + len(data.test) == 20 and len(data.skipped_files) == 25
+    assert data.notes == [
+        f"skipped 25 files that are not images in {folder}: note00.txt, note01.txt, note02.txt, note03.txt, "
+        "note04.txt and 20 more"
+    ]
+    text = tmp_path / "corpus"  # a folder of .txt files and no images is still text
+    text.mkdir()
+    (text / "a.txt").write_text("hello")
+    assert TrainConfig(dataset=str(text)).data.task == "lm"
+
+
+def _class_folders(root: Path, layout: dict[str, int]) -> Path:
+    images, _ = digit_images(size=8, count=sum(layout.values()))
+    for folder, count in layout.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            images.pop().save(root / folder / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize(
+    "layout, expected",
+    [
+        (
+            {"cat": 6},
+            "{root} holds one class folder (cat); a classifier needs at least 2, one subfolder of images per class",
+        ),
+        (
+            {".": 6},
+            "{root} holds images but no class folders; a classifier needs at least 2, one subfolder of "
+            "images per class",
+        ),
+        (
+            {"cat": 3, "dog/small": 3},
+            "the images of {root} lie at different folder depths, so they have no class "
+            "folders; a classifier needs at least 2, one subfolder of images per class ({root}/CLASS/IMAGE)",
+        ),
+    ],
+)
+def test_an_image_folder_without_two_class_folders_says_so(tmp_path, capsys, layout, expected):
+    root = _class_folders(tmp_path / "pets", layout)
+    with pytest.raises(SystemExit) as exc:
+        main(["--dataset", str(root), "--no-progress", "--output-dir", str(tmp_path / "run")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"train.py: error: --dataset: {expected.format(root=root)}", err
+    assert not (tmp_path / "run").exists()  # nothing written
 
 
 @pytest.mark.launch

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from anytrain.cli import main
 from anytrain.config import ConfigError
-from anytrain.runlock import RunLock
+from anytrain.runlock import RunLock, check_not_in_use
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TIMEOUT = 60  # seconds for any child process
@@ -24,8 +25,9 @@ TIMEOUT = 60  # seconds for any child process
 # refusal.
 TRY_ACQUIRE = """
 import sys
+from anytrain.cli import main
 from anytrain.config import ConfigError
-from anytrain.runlock import RunLock
+from anytrain.runlock import RunLock, check_not_in_use
 lock = RunLock(sys.argv[1])
 try:
     warning = lock.acquire()
@@ -174,6 +176,63 @@ def test_garbled_lock_file_of_a_live_holder_says_another_process(tmp_path):
         )
     finally:
         holder.release()
+
+
+def _start_holder(run_dir: Path) -> subprocess.Popen:
+    """A live process holding the folder's lock (until killed)."""
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + TIMEOUT
+    while (_holder(run_dir) or {}).get("pid") != child.pid:
+        assert child.poll() is None, child.stderr.read()
+        assert time.monotonic() < deadline, "the child never took the lock"
+        time.sleep(0.05)
+    return child
+
+
+def _refusal(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_a_launch_into_a_folder_whose_run_still_trains_hears_of_the_lock_first(tmp_path, capsys):
+    """The folder holds an unfinished run (which would be "pass --resume") and a live process holds
+    its lock: the lock is said first, with or without --resume; once the holder is gone, the
+    unfinished run is. The probe takes nothing: the holder's lock file is left as it was."""
+    run_dir = tmp_path / "run"
+    argv = "--dataset synthetic --synthetic-samples 200 --synthetic-features 8 --hidden-sizes 16 --epochs 1".split()
+    argv += ["--no-progress", "--no-plot", "--output-dir", str(run_dir)]
+    main(argv)
+    (run_dir / "summary.json").unlink()  # as if it were still training: checkpoints, no summary
+    child = _start_holder(run_dir)
+    try:
+        held = _holder(run_dir)
+        for extra in ([], ["--resume"]):
+            err = _refusal(capsys, [*argv, *extra])
+            assert err.startswith(
+                f"train.py: error: --output-dir: {run_dir} is in use by another run (pid {child.pid} on "
+                f"{socket.gethostname()}, started "
+            ), err
+            assert err.endswith("; wait for it to finish, or choose another --output-dir") and "--resume" not in err
+            assert _holder(run_dir) == held
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=TIMEOUT) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=TIMEOUT)
+        child.stderr.close()
+    # the dead holder's lock file is still there, but nobody holds it: now the unfinished run is the news
+    assert _holder(run_dir)["pid"] == child.pid
+    err = _refusal(capsys, argv)
+    assert err == (
+        f"train.py: error: --output-dir: {run_dir} holds an unfinished run with this config; pass --resume to "
+        "continue it or --overwrite to start over"
+    ), err
+    check_not_in_use(tmp_path / "none")  # no folder, no lock file: nothing to say, nothing made
+    assert not (tmp_path / "none").exists()
 
 
 def test_release_is_idempotent_removes_the_file_and_creates_parents(tmp_path):

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -432,11 +434,34 @@ TEXT_SUFFIXES = (".txt",)
 
 
 def is_text_dataset(dataset: str, text_column: str) -> bool:
-    """Plain text to model: the bundled Shakespeare, a .txt file, a folder of .txt files, or a named text column."""
+    """Plain text to model: the bundled Shakespeare, a .txt file, a folder holding .txt files and no
+    images (a folder that holds images is an image folder, its stray notes.txt skipped), or a named
+    text column."""
     if dataset == "shakespeare" or text_column or dataset.lower().endswith(TEXT_SUFFIXES):
         return True
     path = Path(dataset).expanduser()
-    return path.is_dir() and any(p.suffix.lower() in TEXT_SUFFIXES for p in path.rglob("*") if p.is_file())
+    if not path.is_dir():
+        return False
+    suffixes = {p.suffix.lower() for p in visible_files(path)}
+    return bool(suffixes.intersection(TEXT_SUFFIXES)) and not suffixes & image_suffixes()
+
+
+def visible_files(folder: Path) -> list[Path]:
+    """A folder's files, subfolders included, as datasets reads a folder: hidden files and folders
+    (.name) and __name folders are left out. Sorted, so what is reported is stable."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+        found += [Path(root, f) for f in sorted(files) if not f.startswith(".")]
+    return found
+
+
+@functools.cache
+def image_suffixes() -> frozenset[str]:
+    """The file suffixes datasets' imagefolder reads as images (.png, .jpg, ...), lower case."""
+    from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
+
+    return frozenset(IMAGE_EXTENSIONS)
 
 
 # --------------------------------------------------------------------------- flags

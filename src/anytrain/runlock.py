@@ -17,6 +17,10 @@ naming the previous holder. A clean `release` deletes the file, so an existing f
 means the previous run did not end cleanly. An empty file carries no holder and is taken over
 silently.
 
+Before any other check of the folder, every rank asks `check_not_in_use`: a shared flock tried
+and dropped at once. It can only collide with a launch starting at the same instant, which is then
+refused as if the folder were in use.
+
 Network file systems: flock decides, nothing else. On Linux NFS clients flock is emulated with
 NFS byte-range locks and works across hosts, but with the `nolock` or `local_lock=flock` mount
 options it is only local to one client, and two hosts can then both hold the "exclusive" lock.
@@ -73,13 +77,9 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _describe(_read(fd))
+                text = _read(fd)
                 os.close(fd)
-                who = f"another run ({holder})" if holder else "another process"
-                raise ConfigError(
-                    f"--output-dir: {self.run_dir} is in use by {who}; wait for it to finish, or choose another "
-                    "--output-dir"
-                ) from None
+                raise ConfigError(_in_use(self.run_dir, text)) from None
             except BaseException:
                 os.close(fd)
                 raise
@@ -134,6 +134,30 @@ class RunLock:
 
     def __repr__(self) -> str:
         return f"RunLock({str(self.run_dir)!r}, held={self.held})"
+
+
+def check_not_in_use(run_dir: str | os.PathLike[str]) -> None:
+    """Raise acquire's ConfigError when a live process holds the folder's lock, without taking it:
+    a shared flock is tried and dropped at once, and nothing is created or written. The trainer asks
+    this first, so a launch into a folder whose run is still training hears that before any advice
+    about the run the folder holds ("pass --resume", which would only meet the lock)."""
+    run_dir = Path(run_dir)
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no lock file, or no folder: nobody holds it
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # dropped by the close below
+    except BlockingIOError:
+        raise ConfigError(_in_use(run_dir, _read(fd))) from None
+    finally:
+        os.close(fd)
+
+
+def _in_use(run_dir: Path, text: str) -> str:
+    holder = _describe(text)
+    who = f"another run ({holder})" if holder else "another process"
+    return f"--output-dir: {run_dir} is in use by {who}; wait for it to finish, or choose another --output-dir"
 
 
 def _read(fd: int) -> str:

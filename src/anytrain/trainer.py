@@ -40,7 +40,7 @@ from .config import ConfigError, TrainConfig
 from .data import loader_workers, make_loader
 from .optim import build_optimizer, build_scheduler
 from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weights_fingerprint, write_json
-from .runlock import RunLock
+from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator
 from .tasks import check_loss, evaluate, load_task, training_loss, user_loss_function
 from .usermodel import forward_for, model_name, targets_keyword
@@ -253,12 +253,15 @@ def take_lock(accelerator: Accelerator, lock: RunLock) -> None:
 def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Given) -> Parts:
     run_dir = Path(cfg.run.output_dir)
     # Every check that can refuse the run happens before anything is written.
+    check_not_in_use(run_dir)  # a run still training in the folder is said first (the lock is taken below)
     check_run_folder(cfg)
     resume_from, pointer_warning = find_resume_checkpoint(cfg) if cfg.run.resume else (None, None)
     user_loss = given.loss_fn or (user_loss_function(cfg.optim.loss) if ":" in cfg.optim.loss else None)
     set_seed(cfg.run.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
     task, data = load_data(accelerator, cfg, given.dataset)
     accelerator.print(f"anytrain: task {task.name} ({getattr(data, 'task_reason', '') or 'auto'})")
+    for note in getattr(data, "notes", ()):  # skipped files, a label that looks like a quantity
+        accelerator.print(f"anytrain: {note}")
     check_writable(run_dir)
     take_lock(accelerator, lock)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +81,7 @@ class DataSplits:
     target_names: list[str] | None = None  # regress: the label columns
     target_mean: torch.Tensor | None = None  # regress: the training split's statistics, saved with the weights
     target_std: torch.Tensor | None = None
+    notes: list[str] = field(default_factory=list)  # lines the trainer prints at start (load_splits)
 
     @functools.cached_property
     def feature_mean(self) -> torch.Tensor:  # cached: shape() is asked for more than once, the statistics once
@@ -145,16 +146,33 @@ def make_loader(data: Dataset, cfg: TrainConfig, shuffle: bool) -> DataLoader:
 
 def load_splits(cfg: TrainConfig, given=None):
     """Load, validate and split the dataset named by cfg.data.dataset (or `given`, a datasets Dataset or
-    DatasetDict). A table of numbers becomes DataSplits, images ImageSplits. ConfigError on bad data."""
-    from .arrow import load_arrow_splits, table_megabytes
-    from .images import image_column, load_image_splits
+    DatasetDict). A table of numbers becomes DataSplits, images ImageSplits. ConfigError on bad data.
+    What the trainer should say at start (skipped files, a label that looks like a quantity) is in `.notes`."""
+    from .images import ImageFolder
 
     if given is None and cfg.data.dataset == "synthetic":
         return _synthetic(cfg)
+    folder = ImageFolder.scan(cfg.data.dataset) if given is None else None
+    if folder is not None:
+        folder.check_classes()  # before reading: one class folder is one line, not a missing 'label' column
     raw, source = (
-        _load_raw(cfg.data.dataset, cfg.data.streaming) if given is None else (given, f"{type(given).__name__} object")
+        _load_raw(cfg.data.dataset, cfg.data.streaming, folder)
+        if given is None
+        else (given, f"{type(given).__name__} object")
     )
-    splits = _named_splits(raw)
+    data = _load_classification(cfg, _named_splits(raw), source)
+    if folder is not None:
+        data.skipped_files = folder.skipped
+    notes = [folder.note() if folder else None, quantity_warning(data, cfg)]
+    data.notes += [note for note in notes if note]
+    return data
+
+
+def _load_classification(cfg: TrainConfig, splits: dict, source: str):
+    """Splits of a table of numbers (in memory or in Arrow), of images, or streamed."""
+    from .arrow import load_arrow_splits, table_megabytes
+    from .images import image_column, load_image_splits
+
     if cfg.data.streaming:
         from .stream import load_stream_splits
 
@@ -218,15 +236,45 @@ def _target_splits(task: str, reason: str, tensors: dict, cfg: TrainConfig, sour
     )
 
 
+QUANTITY_DISTINCT = 20  # a numeric label with more distinct training values than this,
+QUANTITY_SHARE = 0.1  # and than this share of the training rows, looks like a quantity, not a class id
+SPARSE_IDS = 2  # as do integer ids that make this many times more classes than there are distinct values
+
+
+def quantity_warning(data, cfg: TrainConfig) -> str | None:
+    """A warning when a numeric label (no strings, no ClassLabel, no --num-classes) looks like a
+    quantity to regress: many distinct training values relative to the rows, or ids spread so thin
+    that num_classes (max + 1) is far above the distinct count. Streams are not looked at."""
+    labels = getattr(data.train, "targets", None)
+    if getattr(data, "task", "classify") != "classify":
+        return None  # the labels already chose regression or multi-label
+    if labels is None or data.class_names is not None or cfg.data.num_classes:
+        return None
+    distinct, rows = len(torch.unique(labels)), len(labels)
+    if distinct > QUANTITY_DISTINCT and distinct > QUANTITY_SHARE * rows:
+        facts = f"{distinct} distinct values over {rows} rows"
+    elif data.num_classes > QUANTITY_DISTINCT and data.num_classes > SPARSE_IDS * distinct:
+        facts = f"{distinct} distinct values up to {data.num_classes - 1}, so {data.num_classes} classes"
+    else:
+        return None
+    return (
+        f"WARNING: --label-column '{cfg.data.label_column}' looks like a quantity ({facts}): for regression use "
+        "--task regress"
+    )
+
+
 def _as_stream(ds):
     import datasets
 
     return ds.to_iterable_dataset() if isinstance(ds, datasets.Dataset) else ds
 
 
-def _load_raw(name: str, streaming: bool = False):
-    """A Dataset/DatasetDict for a name or path; with streaming, IterableDataset(Dict) where datasets can stream it."""
+def _load_raw(name: str, streaming: bool = False, folder=None):
+    """A Dataset/DatasetDict for a name or path; with streaming, IterableDataset(Dict) where datasets can stream it.
+    A folder of images (images.ImageFolder, `folder` when already scanned) is read with datasets' imagefolder."""
     import datasets
+
+    from .images import ImageFolder
 
     datasets.disable_progress_bars()  # one tqdm bar per run is enough
     if name == "digits":
@@ -236,6 +284,8 @@ def _load_raw(name: str, streaming: bool = False):
         if path.is_dir():
             if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
                 return datasets.load_from_disk(str(path)), str(path)
+            if folder or ImageFolder.scan(name):  # by its images, not by its most common suffix (a stray notes.txt)
+                return datasets.load_dataset("imagefolder", data_dir=str(path), streaming=streaming), str(path)
             return datasets.load_dataset(str(path), streaming=streaming), str(path)
         if path.is_file():
             builder = FILE_BUILDERS.get(path.suffix.lower())

@@ -16,22 +16,83 @@ not exist'. Pillow is what datasets decodes with anyway.)
 An image that cannot be decoded stops the run with one line naming its file (exit 2); the
 checkpoints saved so far stay. Most are found before training: the statistics pass decodes up to
 STATS_SAMPLE training images spread over the split.
+
+A folder is an image folder when it holds images and no tables (`ImageFolder.scan`); it is read
+with datasets' imagefolder whatever else it holds. Its other files (a stray notes.txt) are
+skipped, and counted in a start-up line and in the summary's `skipped_files`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, image_suffixes, visible_files
 from ..shape import DataShape
 from . import BatchRows
 
 STATS_SAMPLE = 1000  # training images decoded to choose the mode and size and to measure mean/std
 GRAY_MODES = ("1", "L", "LA", "I", "I;16", "F")
+METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # imagefolder's extra columns
+TABLE_SUFFIXES = (".parquet", ".csv", ".json", ".jsonl", ".arrow")  # a folder holding these is a table folder
+SHOWN_SKIPPED = 5  # skipped files named in the start-up line; the summary lists them all
+
+
+@dataclass
+class ImageFolder:
+    """A folder that holds images and no tables (besides imagefolder's metadata files), read with
+    datasets' imagefolder: one subfolder per class. Its other files are skipped, and counted."""
+
+    path: Path
+    classes: list[str]  # the folders the images lie in, by name: datasets' class labels
+    depths: int  # how many different folder depths the images lie at (labels need one)
+    skipped: list[str]  # files that are neither images nor metadata, relative to path
+    metadata: bool  # a metadata.csv/jsonl/parquet gives the columns (and labels) instead of the folders
+
+    @classmethod
+    def scan(cls, dataset: str) -> ImageFolder | None:
+        """The folder's facts, or None when `dataset` is not a folder of images."""
+        path = Path(dataset).expanduser()
+        if not path.is_dir() or (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+            return None
+        files = [p.relative_to(path) for p in visible_files(path)]
+        images = [p for p in files if p.suffix.lower() in image_suffixes()]
+        metadata = [p for p in files if p.name in METADATA_NAMES]
+        tables = [p for p in files if p.suffix.lower() in TABLE_SUFFIXES and p.name not in METADATA_NAMES]
+        if not images or tables:
+            return None
+        kept = {*images, *metadata, *(p for p in files if p.suffix.lower() == ".zip")}  # datasets opens zips
+        skipped = sorted(p.as_posix() for p in files if p not in kept)
+        classes = sorted({p.parent.name for p in images if p.parent != Path(".")})
+        return cls(path, classes, len({len(p.parts) for p in images}), skipped, bool(metadata))
+
+    def check_classes(self) -> None:
+        """A classifier needs at least two class folders, every image in one of them."""
+        if self.metadata or (len(self.classes) >= 2 and self.depths == 1):
+            return
+        needs = "a classifier needs at least 2, one subfolder of images per class"
+        if len(self.classes) >= 2:
+            raise ConfigError(
+                f"--dataset: the images of {self.path} lie at different folder depths, so they have no class "
+                f"folders; {needs} ({self.path}/CLASS/IMAGE)"
+            )
+        if self.classes:
+            raise ConfigError(f"--dataset: {self.path} holds one class folder ({self.classes[0]}); {needs}")
+        raise ConfigError(f"--dataset: {self.path} holds images but no class folders; {needs}")
+
+    def note(self) -> str | None:
+        """The start-up line about the skipped files (None when there are none)."""
+        if not self.skipped:
+            return None
+        count = len(self.skipped)
+        more = f" and {count - SHOWN_SKIPPED} more" if count > SHOWN_SKIPPED else ""
+        shown = ", ".join(self.skipped[:SHOWN_SKIPPED]) + more
+        files = "1 file that is not an image" if count == 1 else f"{count} files that are not images"
+        return f"skipped {files} in {self.path}: {shown}"
 
 
 class BadImage(ConfigError):
@@ -217,11 +278,14 @@ class ImageSplits:
     look: ImageLook
     class_names: list[str] | None = None
     input_columns: list[str] | None = None
+    skipped_files: list[str] | None = None  # an image folder's files that are not images (ImageFolder)
+    notes: list[str] = field(default_factory=list)  # lines the trainer prints at start
 
     def shape(self) -> DataShape:
         return DataShape("image", num_classes=self.num_classes, channels=self.look.channels, image_size=self.look.size)
 
     def describe(self) -> dict:
+        skipped = {} if self.skipped_files is None else {"skipped_files": self.skipped_files}
         return {
             "num_classes": self.num_classes,
             "train_samples": len(self.train),
@@ -231,6 +295,7 @@ class ImageSplits:
             "image_std": self.look.std.tolist(),
             "augment": list(self.train.augment),
             "data_path": "arrow (memory-mapped), images decoded per batch",
+            **skipped,
         }
 
 

@@ -18,7 +18,7 @@ size and normalisation) are measured on the first STATS_ROWS training rows.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -61,6 +61,8 @@ class StreamSplits:
     class_names: list[str] | None
     input_columns: list[str]
     look: object = None  # images: data.images.ImageLook
+    skipped_files: list[str] | None = None  # an image folder's files that are not images (images.ImageFolder)
+    notes: list[str] = field(default_factory=list)  # lines the trainer prints at start
 
     @property
     def num_classes(self) -> int:
@@ -84,6 +86,8 @@ class StreamSplits:
             )
         else:
             out["num_features"] = self.num_features
+        if self.skipped_files is not None:
+            out["skipped_files"] = self.skipped_files
         return out
 
 
