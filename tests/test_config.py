@@ -166,6 +166,15 @@ def test_the_task_and_model_follow_the_data_unless_given():
         parse_config(["--dataset", "r.parquet", "--text-column", "review", "--label-column", "y"]).data.task == "auto"
     )
     assert TrainConfig(dataset="shakespeare", task="classify").data.task == "classify"  # an explicit task wins
+    # the bundled labelled text set names its columns: on its own it classifies text by speaker
+    speakers = parse_config(["--dataset", "shakespeare-speakers"]).data
+    assert (speakers.task, speakers.text_column, speakers.label_column) == (
+        "auto",
+        "text",
+        "speaker",
+    )  # classify, once the labels are read
+    assert TrainConfig(dataset="shakespeare-speakers", label_column="play").data.label_column == "play"
+    assert TrainConfig(dataset="shakespeare-speakers", task="lm").data.task == "lm"
     # --model auto is one rule, by the kind of data: mlp for tables, resnet for images, gpt for text
     auto = TrainConfig().model
     assert [model_name(auto, DataShape(kind)) for kind in ("tabular", "image", "text")] == ["mlp", "resnet", "gpt"]

@@ -63,12 +63,13 @@ class DataConfig:
         "classify, regress, multilabel or lm (next-token language modelling); auto = lm for --model gpt and for "
         "text without labels (shakespeare, .txt, --text-column alone); otherwise the labels decide when the data is "
         "read: several label columns or non-integer numbers = regress, lists = multilabel, else classify "
-        "(--text-column with --label-column classifies text)",
+        "(--text-column with --label-column, or shakespeare-speakers, classifies text)",
         choices=("auto", "classify", "regress", "multilabel", "lm"),
     )
     dataset: str = option(
         "digits",
-        "'digits' (bundled UCI digits), 'shakespeare' (bundled Tiny Shakespeare), 'synthetic', a local "
+        "'digits' (bundled UCI digits), 'shakespeare' (bundled Tiny Shakespeare), 'shakespeare-speakers' (who "
+        "speaks: its speeches of the 8 most frequent speakers, text classification), 'synthetic', a local "
         "parquet/csv/json/txt file, a folder of them or a save_to_disk folder, or a hub dataset name",
         model_parallel=True,
     )
@@ -369,6 +370,7 @@ def _options() -> dict[str, Option]:
 OPTIONS = _options()  # by option name, in section order
 LABELLED = ("mlp", "cnn", "resnet")
 REGISTRY_MODELS = {"auto": LABELLED, "classify": LABELLED, "regress": LABELLED, "multilabel": LABELLED, "lm": ("gpt",)}
+LABELLED_TEXT = {"shakespeare-speakers": ("text", "speaker")}  # bundled text-classification sets: (text, label) columns
 
 
 class TrainConfig:
@@ -393,8 +395,14 @@ class TrainConfig:
                 raise ConfigError(f"config: unknown option '{key}'")
         for name, cls in SECTIONS.items():
             setattr(self, name, cls(**sections[name]))
+        labelled = "label_column" in sections["data"]  # given, by its flag name or in the data section
+        if self.data.dataset in LABELLED_TEXT:  # a bundled labelled text set names its own columns
+            text, label = LABELLED_TEXT[self.data.dataset]
+            self.data.text_column = self.data.text_column or text
+            if not labelled:
+                self.data.label_column, labelled = label, True
         if self.data.task == "auto":
-            self.data.task = auto_task(self, labelled="label_column" in values)
+            self.data.task = auto_task(self, labelled)
 
     def get(self, name: str):
         """An option's value by its option name ('lr', 'model')."""
@@ -423,7 +431,8 @@ def auto_task(cfg: TrainConfig, labelled: bool) -> str:
     """--task auto, the one rule, as far as the options tell: lm for --model gpt and for text without
     labels (the bundled shakespeare, .txt files, or --text-column without --label-column). Labelled
     data stays auto until it is read: data/targets.py settle_task lets the labels choose classify,
-    regress or multilabel (--text-column with --label-column classifies text)."""
+    regress or multilabel (--text-column with --label-column classifies text; a bundled labelled text
+    set, LABELLED_TEXT: shakespeare-speakers, brings both columns)."""
     if cfg.model.name == "gpt":
         return "lm"
     text = is_text_dataset(cfg.data.dataset, cfg.data.text_column)

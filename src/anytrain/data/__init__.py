@@ -279,6 +279,10 @@ def _load_raw(name: str, streaming: bool = False, folder=None):
     datasets.disable_progress_bars()  # one tqdm bar per run is enough
     if name == "digits":
         return datasets.Dataset.from_parquet(str(DIGITS_PATH)), "digits (bundled UCI handwritten digits)"
+    if name == "shakespeare-speakers":
+        from .speakers import NUM_SPEAKERS, load_speakers
+
+        return load_speakers(), f"{name} (bundled Tiny Shakespeare: who speaks, {NUM_SPEAKERS} speakers)"
     path = Path(name).expanduser()
     try:
         if path.is_dir():
