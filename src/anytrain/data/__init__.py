@@ -221,19 +221,8 @@ def _target_splits(task: str, reason: str, tensors: dict, cfg: TrainConfig, sour
     if task == "regress":
         parts, mean, std = standardised(parts)
         extra = {"target_names": label_columns(cfg), "target_mean": mean, "target_std": std}
-    return DataSplits(
-        train=TensorPairs(*parts["train"]),
-        validation=TensorPairs(*parts["validation"]),
-        test=TensorPairs(*parts["test"]),
-        num_features=parts["train"][0].shape[1],
-        num_classes=parts["train"][1].shape[1],
-        source=source,
-        class_names=names,
-        input_columns=columns,
-        task=task,
-        task_reason=reason,
-        **extra,
-    )
+    facts = {"source": source, "class_names": names, "input_columns": columns, "task": task, "task_reason": reason}
+    return _splits(parts, num_classes=parts["train"][1].shape[1], **facts, **extra)
 
 
 QUANTITY_DISTINCT = 20  # a numeric label with more distinct training values than this,
@@ -512,15 +501,11 @@ def _finish(
     input_columns: list[str] | None = None,
     reason: str = "",
 ) -> DataSplits:
-    tensors = carve(tensors, cfg, source)
-    return DataSplits(
-        train=TensorPairs(*tensors["train"]),
-        validation=TensorPairs(*tensors["validation"]),
-        test=TensorPairs(*tensors["test"]),
-        num_features=tensors["train"][0].shape[1],
-        num_classes=num_classes,
-        source=source,
-        class_names=class_names,
-        input_columns=input_columns,
-        task_reason=reason,
-    )
+    facts = {"source": source, "class_names": class_names, "input_columns": input_columns, "task_reason": reason}
+    return _splits(carve(tensors, cfg, source), num_classes=num_classes, **facts)
+
+
+def _splits(parts: dict, **facts) -> DataSplits:
+    """DataSplits of carved {split: (inputs, targets)} tensors."""
+    pairs = [TensorPairs(*parts[name]) for name in ("train", "validation", "test")]
+    return DataSplits(*pairs, num_features=parts["train"][0].shape[1], **facts)
