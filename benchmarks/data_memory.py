@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import toolkit
 
 FEATURES = 256
+CONVERT = "import sys, datasets; datasets.load_dataset('parquet', data_files=sys.argv[1])"  # parquet -> Arrow, once
 
 
 def write_table(path: Path, rows: int, seed: int = 0) -> None:
@@ -61,12 +62,6 @@ def peak_of(command: list[str]) -> dict:
     return {"peak_rss_anon_mb": peak_anon / 2**20, "peak_rss_file_mb": peak_file / 2**20, "wall_s": seconds}
 
 
-def convert(table: Path) -> dict:
-    """datasets' one-time parquet -> Arrow cache conversion, measured on its own (later runs reuse the cache)."""
-    code = "import sys, datasets; datasets.load_dataset('parquet', data_files=sys.argv[1])"
-    return peak_of(["-c", code, str(table)])
-
-
 def measured_run(table: Path, out: Path, extra: list[str]) -> dict:
     """One epoch of `anytrain train` (its CLI, in a fresh process) on the table, its peak memory sampled."""
     options = "--hidden-sizes 64 --batch-size 1024 --epochs 1 --no-progress --no-plot --overwrite".split()
@@ -88,7 +83,7 @@ def main(argv=None) -> None:
         path = work / f"table_{name}.parquet"
         if not path.exists():
             write_table(path, rows)
-        c = convert(path)
+        c = peak_of(["-c", CONVERT, str(path)])  # measured on its own: later runs reuse datasets' Arrow cache
         what = f"parquet -> Arrow cache (datasets, once): peak RssAnon {c['peak_rss_anon_mb']:7.0f} MB"
         print(f"{name:4s} {rows:>9,} rows: {what}, {c['wall_s']:5.1f} s", flush=True)
     arrow, results = ["--max-in-memory-mb", "0"], []

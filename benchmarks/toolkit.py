@@ -293,8 +293,7 @@ def mlp(hidden_sizes: list[int], features: int, classes: int):
 
 
 def plain_job(options: list[str]):
-    """For the plain loop, from trainer options: (settings, training inputs, targets, the registry's
-    model, lr_factor(step, total_steps)), seeded as the trainer seeds, the data loaded as it loads them."""
+    """For plain_loop.py, seeded and loaded as the trainer does: (settings, inputs, targets, model, lr_factor)."""
     import torch
 
     from anytrain.data import load_splits
@@ -317,8 +316,7 @@ def trainer_job(options: list[str]):
 
 
 def prepared_job(options: list[str], accelerator=None):
-    """For data_wait.py: (accelerator, model, optimizer prepared by it, settings, loader(workers, pin,
-    persistent) of the training split through anytrain.data.make_loader, unprepared)."""
+    """For data_wait.py: (accelerator, model and optimizer prepared, settings, loader(workers, pin, persistent))."""
     import torch
 
     from anytrain.data import load_splits, make_loader
