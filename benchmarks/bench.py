@@ -1,23 +1,7 @@
-"""anytrain performance benchmark: one command, every figure of docs/benchmarks.md.
+"""anytrain performance benchmark, every figure of docs/benchmarks.md: `make bench`, or for a quick look
+`python benchmarks/bench.py --rounds 1 --out /tmp/b`. Runs the variants (subprocesses) in interleaved rounds;
+bench_summary.py turns them into figures and goals, bench_render.py into tables, a plot and docs."""
 
-    make bench                       # = HF_*_OFFLINE=1 python benchmarks/bench.py --out bench_out --docs docs
-    python benchmarks/bench.py --rounds 1 --out /tmp/b      # a quick look, docs untouched
-
-Sections (docs/benchmarks.md says what each figure means): overhead (the trainer, launched as users
-launch it, against a plain PyTorch loop, benchmarks/plain_loop.py; launch to first step against an
-empty `accelerate launch`), cpu (CPU time per step, benchmarks/cpu_per_step.py), data (time waiting
-for data, benchmarks/data_wait.py), scaling (1 rank x 2 threads against 2 ranks x 1 thread), default
-(the README's `make train`), threads (the plain loop under a launch's OpenMP settings), peers
-(benchmarks/peers_bench.py), gpu (benchmarks/gpu_bench.py when CUDA is present).
-
-This file runs the variants, interleaved: each round runs every variant once, in an order rotating
-per round; every run is a subprocess with a timeout and is kept in bench.json.
-bench_summary.py turns the runs into figures and goals, bench_render.py into tables, a plot and docs.
-"""
-
-from __future__ import annotations
-
-import argparse
 import json
 import os
 import shutil
@@ -38,38 +22,30 @@ FTZ = ["--flush-denormal"] if PLAIN_FLUSH_DENORMAL else []
 
 
 def trainer_figures(run_dir: Path) -> dict:
-    train, evals, summary = read_run(run_dir)
+    train, evals, s = read_run(run_dir)
     windows = [(a["step"] if a else 0, b["step"], b["samples_per_s"]) for a, b in zip([None, *train], train)]
-    scenario = summary["scenario"]
-    return {
-        "steady_samples_per_s": bench_summary.steady(windows, [r["step"] for r in evals]),
-        "run_samples_per_s": summary["samples_per_s"],  # whole run: warm-up and checkpoints in, evaluation out
-        "train_seconds": summary["train_seconds"],
-        "wall_time_s": summary["wall_time_s"],
-        "test_accuracy": summary["test_accuracy"],
-        "steps": summary["optimizer_steps"],
-        "threads": scenario["cpu_threads_per_process"],
-        "processes": scenario["num_processes"],
-    }
+    figures = {"steady_samples_per_s": bench_summary.steady(windows, [r["step"] for r in evals])}
+    figures["run_samples_per_s"] = s["samples_per_s"]  # whole run: warm-up and checkpoints in, evaluation out
+    figures.update({k: s[k] for k in ("train_seconds", "wall_time_s", "test_accuracy")}, steps=s["optimizer_steps"])
+    return {**figures, "threads": s["scenario"]["cpu_threads_per_process"], "processes": s["scenario"]["num_processes"]}
 
 
 def plain_figures(path: Path, start_unix: float | None = None) -> dict:
     d = json.loads(path.read_text())
     spe, steps = d["steps_per_epoch"], [0] + [w[0] for w in d["windows"]]
     windows = [(a, b, samples / seconds) for a, (b, samples, seconds) in zip(steps, d["windows"])]
-    return {
-        "steady_samples_per_s": bench_summary.steady(windows, list(range(spe, d["steps"] + spe, spe))),
-        "run_samples_per_s": sum(w[1] for w in d["windows"]) / d["train_seconds"] if d["windows"] else None,
-        "train_seconds": d["train_seconds"],
-        "start_to_first_step_s": d["first_step_unix"] - start_unix if start_unix else None,
-        "threads": d["threads"],
-        "steps": d["steps"],
-    }
+    figures = {"steady_samples_per_s": bench_summary.steady(windows, list(range(spe, d["steps"] + spe, spe)))}
+    figures["run_samples_per_s"] = sum(w[1] for w in d["windows"]) / d["train_seconds"] if d["windows"] else None
+    first = d["first_step_unix"] - start_unix if start_unix else None
+    figures.update(train_seconds=d["train_seconds"], start_to_first_step_s=first)
+    return {**figures, "threads": d["threads"], "steps": d["steps"]}
 
 
-def trainer_variant(runner: Runner, name: str, config: str, args: list[str]) -> dict:
+def trainer_variant(runner: Runner, name: str, config: str, args: list[str], as_readme: bool = False) -> dict:
+    """The trainer launched with `config`; as_readme: the README's command as is (progress bar on)."""
     d = runner.fresh(name)
-    rec = runner.run(name, launch_cmd(config, TRAIN, "--no-progress", "--output-dir", str(d), *args))
+    quiet = [] if as_readme else ["--no-progress"]
+    rec = runner.run(name, launch_cmd(config, TRAIN, *quiet, "--output-dir", str(d), *args))
     if "error" not in rec:
         rec.update(trainer_figures(d))
     shutil.rmtree(d / "checkpoints", ignore_errors=True)  # tens of MB per large run; the figures are read
@@ -103,23 +79,13 @@ def plain_pair_variant(runner: Runner, name: str, args: list[str]) -> dict:
 
 
 def launch_variants() -> list:
-    def empty(r: Runner) -> dict:
-        return r.run("launch/empty-script", launch_cmd("cpu.yaml", BENCH / "empty_script.py"))
-
     def first_step(r: Runner) -> dict:
         d = r.fresh("launch-first-step")
         args = ["--no-progress", "--output-dir", str(d), "--max-steps", "2", "--log-every-steps", "1"]
         return r.run("launch/trainer-first-step", launch_cmd("cpu.yaml", TRAIN, *args), first_step=d / "metrics.jsonl")
 
-    return [("launch/empty", empty), ("launch/trainer", first_step)]
-
-
-def default_job(r: Runner) -> dict:
-    d = r.fresh("default-job")
-    rec = r.run("default-job", launch_cmd("cpu.yaml", TRAIN, "--output-dir", str(d)))  # the README's command, as is
-    if "error" not in rec:
-        rec.update(trainer_figures(d))
-    return rec
+    empty = launch_cmd("cpu.yaml", BENCH / "empty_script.py")
+    return [("launch/empty", lambda r: r.run("launch/empty-script", empty)), ("launch/trainer", first_step)]
 
 
 def build_plan(sections: set[str]) -> list[tuple[str, object]]:
@@ -137,8 +103,8 @@ def build_plan(sections: set[str]) -> list[tuple[str, object]]:
         plan.append(("plain/large-2x1", lambda r: plain_pair_variant(r, "plain-large-2x1", half)))
     if "overhead" in sections:
         plan += launch_variants()
-    if "default" in sections:
-        plan.append(("default-job", default_job))
+    if "default" in sections:  # the README's command
+        plan.append(("default-job", lambda r: trainer_variant(r, "default-job", "cpu.yaml", [], as_readme=True)))
     if "threads" in sections:
         plan += thread_variants(cores)
     return plan
@@ -174,10 +140,7 @@ def side_sections(runner: Runner, sections: set[str], rounds: int) -> dict:
         print("CPU time per step (1 thread, fresh processes)", flush=True)
         side["cpu"] = json_of(runner, "cpu-per-step", "cpu_per_step.py", max(2, rounds - 1))
     if "peers" in sections:
-        print(
-            "peers: the same job through anytrain, a plain loop, Lightning, the HF Trainer (interleaved rounds)",
-            flush=True,
-        )
+        print("peers: one job through anytrain, a plain loop, Lightning, the HF Trainer (interleaved)", flush=True)
         side["peers"] = peers_bench.main(["--out", str(runner.out / "peers"), "--rounds", str(rounds + 1)])
     if "gpu" in sections:
         import torch
@@ -191,33 +154,28 @@ def side_sections(runner: Runner, sections: set[str], rounds: int) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="bench_out", help="folder for bench.json, bench.png, bench.log and the run folders")
-    p.add_argument(
-        "--docs", help="also regenerate <docs>/benchmarks.md (the generated block) and <docs>/benchmarks.png"
-    )
-    p.add_argument("--rounds", type=int, default=2, help="rounds of interleaved variants; the best of each counts")
+    p = toolkit.parser(__doc__, out="bench_out", rounds=2)
+    p.add_argument("--docs", help="also regenerate <docs>/benchmarks.md (the generated block) and benchmarks.png")
     p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
     args = p.parse_args(argv)
-    started, out, sections = time.perf_counter(), Path(args.out).resolve(), set(args.sections)
-    out.mkdir(parents=True, exist_ok=True)
+    started, out, sections = time.perf_counter(), toolkit.out_dir(args.out), set(args.sections)
     runner, m = Runner(out), toolkit.machine()
     what = f"{m['cpu']}, {m['physical_cores']} cores, torch {m['torch']}, accelerate {m['accelerate']}"
     print(f"anytrain bench: {what}, {args.rounds} round(s)", flush=True)
     records = runner.rounds(build_plan(sections), args.rounds, step=3)
     side = side_sections(runner, sections, args.rounds)
-    s = bench_summary.summarise(records, side["data_wait"], side["gpu"], side["cpu"], side["peers"])
+    dw = side["data_wait"]
+    s = bench_summary.summarise(records, dw, side["gpu"], side["cpu"], side["peers"])
     loads = [r["load1_before"] for r in runner.records] or [os.getloadavg()[0]]
     elapsed = time.perf_counter() - started
-    result = {"machine": m, "summary": s, "records": records, "data_wait": side["data_wait"]}
-    result.update(cpu_per_step=side["cpu"], elapsed_s=elapsed, rounds=args.rounds)
-    (out / "bench.json").write_text(json.dumps(result, indent=1, default=str))
-    bench_render.plot(s, side["data_wait"], out / "bench.png")
-    table = bench_render.tables(s, side["data_wait"])
+    result = {"machine": m, "summary": s, "records": records, "data_wait": dw, "cpu_per_step": side["cpu"]}
+    toolkit.write_json(out / "bench.json", {**result, "elapsed_s": elapsed, "rounds": args.rounds})
+    bench_render.plot(s, dw, out / "bench.png")
+    table = bench_render.tables(s, dw)
     (out / "bench.md").write_text(table + "\n")
     print(f"\n{table}\n\nfigures: {out / 'bench.json'}, plot: {out / 'bench.png'}; {elapsed / 60:.1f} min")
     if args.docs:
-        bench_render.write_docs(Path(args.docs), out / "bench.png", s, side["data_wait"], m, loads, elapsed)
+        bench_render.write_docs(Path(args.docs), out / "bench.png", s, dw, m, loads, elapsed)
         print(f"regenerated {Path(args.docs) / 'benchmarks.md'} and {Path(args.docs) / 'benchmarks.png'}")
     print(bench_render.last_line(s))
 

@@ -1,8 +1,6 @@
 """bench.py's summary rendered: the Markdown tables, the SUMMARY line, the plot, and the generated
 block of docs/benchmarks.md (between the bench: markers; the rest of that file is written by hand)."""
 
-from __future__ import annotations
-
 import datetime
 import shutil
 import statistics
@@ -28,9 +26,8 @@ def goal_table(s: dict) -> list[str]:
 def overhead_tables(s: dict) -> list[str]:
     what = "steady = median logged window after warm-up, epoch-end windows out; run = whole run without evaluation"
     out = ["", f"**1. Overhead** (samples/s; {what})", ""]
-    out += head(
-        "workload", "plain loop steady", "trainer steady", "ratio", "paired median", "plain run", "trainer run", "ratio"
-    )
+    columns = ("workload", "plain loop steady", "trainer steady", "ratio", "paired median", "plain run", "trainer run")
+    out += head(*columns, "ratio")
     for o in s["overhead"].values():
         steady = f"{fmt(o['plain_steady'])} | {fmt(o['trainer_steady'])} | {pct(o['ratio_steady'])}"
         run = f"{fmt(o['plain_run'])} | {fmt(o['trainer_run'])} | {pct(o['ratio_run'])}"
@@ -60,9 +57,8 @@ def data_table(data_wait: dict | None) -> list[str]:
         return []
     what = "share of step time in `iter`/`next` of the prepared loader; median of rounds; samples/s best round"
     out = ["", f"**2. Data path** ({what})", ""]
-    out += head(
-        "dataset", "setting", "waiting", "waiting, main-thread CPU", "ms waiting / step", "step ms", "samples/s"
-    )
+    columns = ("dataset", "setting", "waiting", "waiting, main-thread CPU", "ms waiting / step", "step ms")
+    out += head(*columns, "samples/s")
     for r in data_wait["rows"]:
         setting = r["setting"] + (" (default)" if r["default"] else "")
         waits = f"{pct(r['wait_share'])} | {pct(r.get('wait_share_cpu'))} | {r['wait_ms_per_step']:.2f}"
@@ -107,8 +103,8 @@ def threads_and_peers(s: dict) -> list[str]:
 
 
 def gpu_table(gpu: dict | None) -> list[str]:
-    out, columns = ["", "**5. GPU** (`python benchmarks/gpu_bench.py`)", ""], ("samples/s", "vs fp32", "peak memory")
-    columns = ("precision", *columns, "model TFLOP/s", "MFU")
+    out = ["", "**5. GPU** (`python benchmarks/gpu_bench.py`)", ""]
+    columns = ("precision", "samples/s", "vs fp32", "peak memory", "model TFLOP/s", "MFU")
     if not (gpu and gpu.get("rows")):
         why = (gpu or {}).get("skipped") or "no CUDA device on this machine"
         filled = "The table below is filled by `make bench` (or `python benchmarks/gpu_bench.py`) on any CUDA machine."
@@ -153,20 +149,18 @@ def last_line(s: dict) -> str:
 
 
 def plot(s: dict, data_wait: dict | None, path: Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    fig = Figure(figsize=(11, 7.5))
+    axes = fig.subplots(2, 2)
     plot_overhead(axes[0, 0], s["overhead"])
     plot_data_wait(axes[0, 1], data_wait)
     sc, ax = s["scaling"], axes[1, 0]
+    ratio = fmt(sc["trainer_ratio"], ".2f")
     vals = [sc["trainer_1x2"], sc["trainer_2x1"], sc["plain_1x2"], sc["plain_2x1_independent"]]
     labels = ["trainer\n1x2", "trainer\n2x1", "plain\n1x2", "plain 2x1\n(no comm.)"]
     ax.bar(labels, [v or 0 for v in vals], color=["C1", "C1", "C0", "C0"])
-    ax.set_ylabel("samples/s (steady)")
-    ax.set_title(f"3. 2 ranks x 1 thread vs 1 x 2 (trainer ratio {fmt(sc['trainer_ratio'], '.2f')})")
+    ax.set(ylabel="samples/s (steady)", title=f"3. 2 ranks x 1 thread vs 1 x 2 (trainer ratio {ratio})")
     la, ax = s["launch"], axes[1, 1]
     labels = ["empty\nlaunch", "trainer\nfirst step", "plain loop\nfirst step"]
     vals = [la["empty_launch_s"], la["trainer_first_step_s"], la["plain_first_step_s"]]
@@ -174,12 +168,10 @@ def plot(s: dict, data_wait: dict | None, path: Path) -> None:
         labels.append("default job\nwall")
         vals.append(s["default_job"]["wall_s_best"])
     ax.bar(labels, [v or 0 for v in vals], color="C2")
-    ax.set_ylabel("seconds")
-    ax.set_title("1./4. launch and default job")
+    ax.set(ylabel="seconds", title="1./4. launch and default job")
     fig.suptitle("anytrain benchmark (" + datetime.date.today().isoformat() + ")")
     fig.tight_layout()
     fig.savefig(path, dpi=70)
-    plt.close(fig)
 
 
 def plot_overhead(ax, overhead: dict) -> None:
@@ -188,13 +180,10 @@ def plot_overhead(ax, overhead: dict) -> None:
         ax.bar([i + off for i in range(len(names))], [overhead[n][key] or 0 for n in names], width=0.4, label=label)
     for i, o in enumerate(overhead.values()):
         if r := o["ratio_steady"]:
-            ax.text(
-                i, max(o["plain_steady"] or 0, o["trainer_steady"] or 0), f"{100 * r:.1f} %", ha="center", va="bottom"
-            )
+            top = max(o["plain_steady"] or 0, o["trainer_steady"] or 0)
+            ax.text(i, top, f"{100 * r:.1f} %", ha="center", va="bottom")
     ax.set_xticks(list(range(len(names))), [f"{n}\n{WORKLOADS[n][0].split(',')[0]}" for n in names])
-    ax.set_yscale("log")
-    ax.set_ylabel("samples/s (steady, log scale)")
-    ax.set_title("1. trainer vs plain loop")
+    ax.set(yscale="log", ylabel="samples/s (steady, log scale)", title="1. trainer vs plain loop")
     ax.legend()
 
 

@@ -1,16 +1,9 @@
-"""bench.py's runs turned into figures and goals: summarise(records, ...) -> the summary that
-bench_render.py renders and bench.json keeps.
-
-Throughput per run is the median of the logged windows (metrics.jsonl, every 10 steps) after
-warm-up, windows that contain an epoch end (validation, checkpoint) left out; the plain loop logs
-the same windows. Across rounds the best run counts (other work on the machine only slows a run down).
-"""
-
-from __future__ import annotations
+"""bench.py's runs turned into figures and goals: summarise(records, ...) -> the summary that bench_render.py
+renders and bench.json keeps (how: docs/benchmarks.md, "How it measures")."""
 
 import statistics
 
-from toolkit import WORKLOADS, physical_cores
+from toolkit import WORKLOADS, pct, physical_cores
 
 WARMUP_STEPS = 20  # windows ending at or before this step are warm-up
 NOISY = 1.3  # a variant whose best run is this many times its worst: its wall-clock ratios say nothing
@@ -30,15 +23,13 @@ def steady(windows: list[tuple[int, int, float]], epoch_ends: list[int]) -> floa
     return statistics.median(rates) if rates else None
 
 
-def best(records: list[dict], name: str, key: str = "steady_samples_per_s", lowest: bool = False):
-    vals = [r[key] for r in records if r["variant"] == name and r.get(key) is not None]
-    if not vals:
-        return None
-    return min(vals) if lowest else max(vals)
-
-
 def runs_of(records, name, key="steady_samples_per_s"):
     return [r.get(key) for r in records if r["variant"] == name]
+
+
+def best(records: list[dict], name: str, key: str = "steady_samples_per_s", lowest: bool = False):
+    vals = [v for v in runs_of(records, name, key) if v is not None]
+    return (min(vals) if lowest else max(vals)) if vals else None
 
 
 def ratio(a, b):
@@ -51,15 +42,10 @@ def spread(records, *names, key="steady_samples_per_s") -> float:
     return max([max(v) / min(v) for v in per if len(v) > 1] or [1.0])
 
 
-def percent(v) -> str:
-    return f"{100 * v:.1f} %"
-
-
 def overhead(records: list[dict], w: str, desc: str) -> dict:
     p, t = best(records, f"plain/{w}"), best(records, f"trainer/{w}")
     pr, tr = best(records, f"plain/{w}", "run_samples_per_s"), best(records, f"trainer/{w}", "run_samples_per_s")
-    pairs = zip(runs_of(records, f"plain/{w}"), runs_of(records, f"trainer/{w}"))
-    paired = [ratio(b, a) for a, b in pairs if a and b]
+    paired = [ratio(b, a) for a, b in zip(runs_of(records, f"plain/{w}"), runs_of(records, f"trainer/{w}")) if a and b]
     o = {"workload": desc, "plain_steady": p, "trainer_steady": t, "ratio_steady": ratio(t, p)}
     o["ratio_steady_paired_median"] = statistics.median(paired) if paired else None
     o.update(plain_run=pr, trainer_run=tr, ratio_run=ratio(tr, pr))
@@ -70,13 +56,12 @@ def launch_and_scaling(records: list[dict]) -> tuple[dict, dict]:
     empty = best(records, "launch/empty", "wall_s", lowest=True)
     first = best(records, "launch/trainer", "first_step_s", lowest=True)
     plain_first = best(records, "plain/default", "start_to_first_step_s", lowest=True)
-    extra = first - empty if first and empty else None
     launch = {
         "empty_launch_s": empty,
         "trainer_first_step_s": first,
-        "extra_s": extra,
-        "plain_first_step_s": plain_first,
+        "extra_s": first - empty if first and empty else None,
     }
+    launch["plain_first_step_s"] = plain_first
     t12, t21 = best(records, "trainer/large"), best(records, "trainer/large-2x1")
     p12, p21 = best(records, "plain/large"), best(records, "plain/large-2x1")
     run12, run21 = (best(records, n, "run_samples_per_s") for n in ("trainer/large", "trainer/large-2x1"))
@@ -86,9 +71,7 @@ def launch_and_scaling(records: list[dict]) -> tuple[dict, dict]:
     return launch, scaling
 
 
-def summarise(
-    records: list[dict], data_wait: dict | None, gpu: dict | None, cpu: dict | None = None, peers=None
-) -> dict:
+def summarise(records: list[dict], data_wait: dict | None, gpu: dict | None, cpu=None, peers=None) -> dict:
     s: dict = {"overhead": {w: overhead(records, w, desc) for w, (desc, *_) in WORKLOADS.items()}}
     s.update(goals=[], cpu=cpu, peers=peers)
     s["launch"], s["scaling"] = launch_and_scaling(records)
@@ -137,7 +120,7 @@ class Goals:
 
 def goals(s: dict, g: Goals, data_wait: dict | None, jobs: list[dict]) -> None:
     """The goal rows, in the table's order."""
-    at_least_99, at_most_2 = (">= 99 %", lambda v: v >= 0.99, percent), ("<= 2 %", lambda v: v <= 0.02, percent)
+    at_least_99, at_most_2 = (">= 99 %", lambda v: v >= 0.99, pct), ("<= 2 %", lambda v: v <= 0.02, pct)
     for w, o in s["overhead"].items():
         what, load = f"trainer / plain loop, {w} workload", g.load_of(f"plain/{w}", f"trainer/{w}")
         if s["cpu"] and w in s["cpu"]:
@@ -153,14 +136,16 @@ def goals(s: dict, g: Goals, data_wait: dict | None, jobs: list[dict]) -> None:
             g.add(f"{what}, wall clock", r["wait_share"], *at_most_2, load=data_wait.get("load1_end", 0.0))
             if r.get("wait_share_cpu") is not None:
                 g.add(f"{what}, main-thread CPU time", r["wait_share_cpu"], *at_most_2)
-    noise = spread(g.records, "trainer/large", "trainer/large-2x1")
-    load = g.load_of("trainer/large", "trainer/large-2x1")
+    noise, load = (
+        spread(g.records, "trainer/large", "trainer/large-2x1"),
+        g.load_of("trainer/large", "trainer/large-2x1"),
+    )
     scaling = (">= 0.9", lambda v: v >= 0.9, lambda v: f"{v:.2f}", noise, load)
     g.add("2 ranks x 1 thread / 1 rank x 2 threads (trainer)", s["scaling"]["trainer_ratio"], *scaling)
     if jobs:
         dj = s["default_job"]
         value, what = dj["test_accuracy"] if dj["wall_s_best"] <= 30 else 0.0, f"in {dj['wall_s_best']:.1f} s"
-        job = (">= 97 % in <= 30 s", lambda v: v >= 0.97, lambda v: f"{percent(dj['test_accuracy'])} {what}")
+        job = (">= 97 % in <= 30 s", lambda v: v >= 0.97, lambda v: f"{pct(dj['test_accuracy'])} {what}")
         load = g.load_of("default-job")
         g.add("default job (README command): accuracy, wall time", value, *job, load=load, conclusive_if_met=True)
     peer_goals(g, s["peers"])

@@ -1,18 +1,8 @@
-"""Peak memory against dataset size: a table 10x larger must not need 10x the memory.
-
-Writes two parquet tables of random numeric rows (a 256-float list column and a label), N and 10N
-rows, then trains one epoch on each with `anytrain train`, sampling the process's resident memory
-every 50 ms from outside: RssAnon (the process's own memory: tensors, Python objects) and RssFile
-(pages of memory-mapped files, which the kernel can drop at any time). Three runs: the in-memory
-tensor path on N rows, and the Arrow path (--max-in-memory-mb 0) on N and 10N rows; plus the
-in-memory path on 10N rows, for contrast.
-
-    python benchmarks/data_memory.py --rows 200000 --json bench_out/data_memory.json
+"""Peak memory against dataset size: a table 10x larger must not need 10x the memory (docs/benchmarks.md,
+"Memory against dataset size"). One epoch of `anytrain train` per parquet table of N and 10N rows, in-memory and
+Arrow paths, the process's RssAnon and RssFile sampled every 50 ms from outside.
 """
 
-from __future__ import annotations
-
-import argparse
 import json
 import os
 import subprocess
@@ -25,6 +15,7 @@ import pyarrow.parquet as pq
 import toolkit
 
 FEATURES = 256
+CONVERT = "import sys, datasets; datasets.load_dataset('parquet', data_files=sys.argv[1])"  # parquet -> Arrow, once
 
 
 def write_table(path: Path, rows: int, seed: int = 0) -> None:
@@ -54,8 +45,8 @@ def rss(pid: int) -> tuple[int, int]:
     return tuple(int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile"))
 
 
-def peak_of(command: list[str]) -> tuple[int, int, float, str]:
-    """Run a Python command line, sampling its memory: (peak RssAnon, peak RssFile, seconds, stderr)."""
+def peak_of(command: list[str]) -> dict:
+    """Run a Python command line, sampling its memory: its peak RssAnon and RssFile (MB) and wall seconds."""
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     proc = subprocess.Popen([toolkit.PY, *command], env=toolkit.run_env(), **pipes)
     peak_anon = peak_file = 0
@@ -67,43 +58,32 @@ def peak_of(command: list[str]) -> tuple[int, int, float, str]:
     _, err = proc.communicate()
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(command)}: {err[-2000:]}")
-    return peak_anon, peak_file, time.perf_counter() - started, err
-
-
-def convert(table: Path) -> dict:
-    """datasets' one-time parquet -> Arrow cache conversion, measured on its own (later runs reuse the cache)."""
-    code = "import sys, datasets; datasets.load_dataset('parquet', data_files=sys.argv[1])"
-    anon, file, seconds, _ = peak_of(["-c", code, str(table)])
-    return {"peak_rss_anon_mb": anon / 2**20, "peak_rss_file_mb": file / 2**20, "wall_s": seconds}
+    seconds = time.perf_counter() - started
+    return {"peak_rss_anon_mb": peak_anon / 2**20, "peak_rss_file_mb": peak_file / 2**20, "wall_s": seconds}
 
 
 def measured_run(table: Path, out: Path, extra: list[str]) -> dict:
     """One epoch of `anytrain train` (its CLI, in a fresh process) on the table, its peak memory sampled."""
     options = "--hidden-sizes 64 --batch-size 1024 --epochs 1 --no-progress --no-plot --overwrite".split()
     cli = "import sys; from anytrain.cli import main; main(sys.argv[1:])"
-    anon, file, seconds, _ = peak_of(
-        ["-c", cli, "train", "--dataset", str(table), *options, "--output-dir", str(out), *extra]
-    )
+    figures = peak_of(["-c", cli, "train", "--dataset", str(table), *options, "--output-dir", str(out), *extra])
     s = json.loads((out / "summary.json").read_text())
-    figures = {"peak_rss_anon_mb": anon / 2**20, "peak_rss_file_mb": file / 2**20, "wall_s": seconds}
     figures.update(data_path=s["data_path"], test_accuracy=s["test_accuracy"], samples_per_s=s["samples_per_s"])
     return {**figures, "peak_rss_reported_mb": s["peak_memory_bytes"] / 2**20}
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = toolkit.parser(__doc__, json="bench_out/data_memory.json")
     p.add_argument("--rows", type=int, default=200_000)
-    p.add_argument("--json", default="bench_out/data_memory.json")
-    p.add_argument("--work", default="bench_out/data_memory")
+    p.add_argument("--work", default="bench_out/data_memory", help="folder for the tables and run folders")
     args = p.parse_args(argv)
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    work = toolkit.out_dir(args.work)
     sizes = {"1x": args.rows, "10x": 10 * args.rows}
     for name, rows in sizes.items():
         path = work / f"table_{name}.parquet"
         if not path.exists():
             write_table(path, rows)
-        c = convert(path)
+        c = peak_of(["-c", CONVERT, str(path)])  # measured on its own: later runs reuse datasets' Arrow cache
         what = f"parquet -> Arrow cache (datasets, once): peak RssAnon {c['peak_rss_anon_mb']:7.0f} MB"
         print(f"{name:4s} {rows:>9,} rows: {what}, {c['wall_s']:5.1f} s", flush=True)
     arrow, results = ["--max-in-memory-mb", "0"], []

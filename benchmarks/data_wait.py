@@ -1,17 +1,7 @@
-"""Share of step time spent waiting for data, through the project's own data path.
+"""Share of step time spent waiting for data, through the project's own data path (docs/benchmarks.md, "Data path"):
+per dataset and DataLoader setting, anytrain.data.make_loader's loader through `accelerator.prepare`, full training
+steps, the time in the loader's iter()/next() timed; settings interleaved over rounds."""
 
-For each dataset and each DataLoader setting (num_workers, pin_memory, persistent_workers), an
-instrumented loop builds the loader with `anytrain.data.make_loader`, passes it (and the model and
-optimizer) through `accelerator.prepare` exactly as the trainer does, and times a full training
-step; the time spent in `iter()`/`next()` of the loader is the time waiting for data (a new epoch's
-`iter()` is where workers start, so it counts). Settings are interleaved over rounds.
-
-    OMP_NUM_THREADS=2 python benchmarks/data_wait.py --json out.json
-"""
-
-from __future__ import annotations
-
-import argparse
 import os
 import statistics
 import time
@@ -26,25 +16,16 @@ from torch import nn
 IMAGES = Path("bench_out") / "images" / "digits32_rgb"  # written on first use (write_digit_images)
 
 SYNTHETIC = "--dataset synthetic --synthetic-samples 100000 --synthetic-features 784 --hidden-sizes 1024 1024"
+RESNET = ["--dataset", str(IMAGES), *"--model resnet --channels 16 32 --blocks-per-stage 1".split()]
 DATASETS = {  # name: (trainer options, timed steps per setting and round)
     "digits (bundled), MLP 64-256-256-10, batch 64": (["--dataset", "digits"], 60),
     "synthetic 100k x 784, MLP 784-1024-1024-10, batch 256": (f"{SYNTHETIC} --dropout 0 --batch-size 256".split(), 30),
     # decoding PNGs, cropping and flipping them is the case where loader workers pay off
-    "digits as 32x32 RGB PNGs (imagefolder), ResNet 16-32, crop+flip, batch 64": (
-        ["--dataset", str(IMAGES), *"--model resnet --channels 16 32 --blocks-per-stage 1".split()],
-        30,
-    ),
+    "digits as 32x32 RGB PNGs (imagefolder), ResNet 16-32, crop+flip, batch 64": (RESNET, 30),
 }
 # (num_workers, pin_memory, persistent_workers); the first is the trainer's default.
-SETTINGS = [
-    (0, False, False),
-    (0, True, False),
-    (1, False, False),
-    (1, False, True),
-    (2, False, False),
-    (2, True, False),
-    (2, False, True),
-]
+SETTINGS = [(0, False, False), (0, True, False), (1, False, False), (1, False, True)]
+SETTINGS += [(2, False, False), (2, True, False), (2, False, True)]
 
 
 def write_digit_images(folder: Path, size: int = 32, seed: int = 0) -> None:
@@ -120,14 +101,14 @@ def row(name: str, setting, steps: int, runs: list[tuple]) -> dict:
 def dataset_rows(name: str, options: list[str], steps: int, rounds: int, accelerator) -> tuple[list[dict], object]:
     accelerator, model, optimizer, cfg, loader_of = toolkit.prepared_job(options, accelerator)
     model.train()
-    runs = {s: [] for s in SETTINGS}
-    for r in range(rounds):
-        for setting in toolkit.rotated(SETTINGS, r):  # so no setting always goes first
-            loader = accelerator.prepare(loader_of(*setting))
-            runs[setting].append(timed_steps(accelerator, model, optimizer, loader, steps, cfg.max_grad_norm))
-            accelerator._dataloaders.clear()  # prepared loaders are only remembered for checkpointing
-            del loader
-    rows = [row(name, setting, steps, r) for setting, r in runs.items()]
+
+    def timed(setting, r: int) -> tuple:
+        loader = accelerator.prepare(loader_of(*setting))
+        figures = timed_steps(accelerator, model, optimizer, loader, steps, cfg.max_grad_norm)
+        accelerator._dataloaders.clear()  # prepared loaders are only remembered for checkpointing
+        return figures
+
+    rows = [row(name, setting, steps, r) for setting, r in toolkit.interleave(SETTINGS, rounds, timed).items()]
     for x in rows:
         share, after = 100 * x["wait_share"], 100 * x["wait_share_after_first_batch"]
         wait = f"wait {share:5.1f}% (after the first batch {after:5.1f}%)"
@@ -136,16 +117,12 @@ def dataset_rows(name: str, options: list[str], steps: int, rounds: int, acceler
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", required=True)
-    p.add_argument("--rounds", type=int, default=2)
+    p = toolkit.parser(__doc__, json="bench_out/data_wait.json", rounds=2)
     p.add_argument("--only", default="", help="run only the datasets whose name contains this text")
     args = p.parse_args(argv)
     if not IMAGES.exists():
         write_digit_images(IMAGES)
-    warnings.filterwarnings(
-        "ignore", message=".*pin_memory.*"
-    )  # no accelerator: pinning is a no-op, said once in the docs
+    warnings.filterwarnings("ignore", message=".*pin_memory.*")  # no accelerator: pinning is a no-op, said in the docs
     accelerator, results = None, []
     for name, (options, steps) in DATASETS.items():
         if args.only in name:

@@ -1,22 +1,12 @@
-"""What each DDP setting buys on CPU: 2 ranks x 1 thread (multi_cpu.yaml, gloo, batch 128 each)
-against 1 rank x 2 threads (cpu.yaml, batch 256), the large workload of bench.py, interleaved.
+"""What each DDP setting buys on CPU: 2 ranks x 1 thread (multi_cpu.yaml, batch 128 each) with each bucket size
+and the fp16 all-reduce, against 1 rank x 2 threads (cpu.yaml, batch 256), bench.py's large workload, interleaved
+(docs/benchmarks.md, "DDP options")."""
 
-    python benchmarks/ddp_options.py --rounds 2 --out bench_out/ddp
-
-Variants of the 2-rank run: --ddp-bucket-mb 1 / 5 (anytrain's default on CPUs) / 25 (torch's) / 100 (one bucket: the
-all-reduce cannot start before the backward pass ends, so nothing overlaps), and --ddp-comm-hook
-fp16 (16-bit gradients on the wire). Scaling = steady samples/s of a variant / that of 1 x 2 (the
-best round of each). For the fp16 hook it also states the effect on the weights: the largest
-difference from the fp32 all-reduce's final weights, and both test accuracies.
-"""
-
-from __future__ import annotations
-
-import argparse
 import json
 import statistics
 from pathlib import Path
 
+import toolkit
 from bench import trainer_variant
 from bench_summary import best, ratio, runs_of
 from toolkit import WORKLOADS, Runner, fmt, md_head, write_json
@@ -59,39 +49,23 @@ def fp16_effect(runs_dir: Path) -> dict | None:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="bench_out/ddp")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument(
-        "--only",
-        nargs="+",
-        metavar="TEXT",
-        help="run only the variants whose names contain one of these (1x2 always runs)",
-    )
+    p = toolkit.parser(__doc__, out="bench_out/ddp", rounds=2)
+    only = "run only the variants whose names contain one of these (1x2 always runs)"
+    p.add_argument("--only", nargs="+", metavar="TEXT", help=only)
     args = p.parse_args(argv)
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    runner = Runner(out)
+    runner = Runner(toolkit.out_dir(args.out))
     names = [n for n in VARIANTS if n == "1x2" or not args.only or any(t in n for t in args.only)]
     records = runner.rounds([variant(n) for n in names], args.rounds)
     base = best(records, "1x2")
-    rows = {
-        n: {
-            "steady_samples_per_s": best(records, n),
-            "scaling": ratio(best(records, n), base),
-            "runs": runs_of(records, n),
-        }
-        for n in names
-    }
+    rows = {n: {"steady_samples_per_s": best(records, n), "scaling": ratio(best(records, n), base)} for n in names}
+    for n in names:
+        rows[n]["runs"] = runs_of(records, n)
     median = {n: statistics.median(v for v in rows[n]["runs"] if v) for n in names}
     for n in names[1:]:
-        rows[f"{n}, median of runs"] = {
-            "steady_samples_per_s": median[n],
-            "scaling": median[n] / median["1x2"],
-            "runs": [],
-        }
+        row = {"steady_samples_per_s": median[n], "scaling": median[n] / median["1x2"], "runs": []}
+        rows[f"{n}, median of runs"] = row
     result = {"rows": rows, "fp16_effect": fp16_effect(runner.runs_dir), "records": records}
-    write_json(out / "ddp_options.json", result)
+    write_json(runner.out / "ddp_options.json", result)
     print(table(result))
     return result
 
@@ -103,10 +77,9 @@ def table(result: dict) -> str:
         out.append(f"| {name} | {fmt(row['steady_samples_per_s'])} | {fmt(row['scaling'], '.2f')} | {runs} |")
     if e := result["fp16_effect"]:
         weights = f"weights differ from the fp32 all-reduce's by at most {e['max_abs_weight_difference']:.2e}"
-        accuracy = (
-            f"{100 * e['test_accuracy_fp16_all_reduce']:.2f} % against {100 * e['test_accuracy_fp32_all_reduce']:.2f} %"
-        )
-        out.append(f"\nfp16 all-reduce after {e['steps']} steps: {weights}; test accuracy {accuracy}.")
+        fp16, fp32 = e["test_accuracy_fp16_all_reduce"], e["test_accuracy_fp32_all_reduce"]
+        accuracy = f"test accuracy {100 * fp16:.2f} % against {100 * fp32:.2f} %"
+        out.append(f"\nfp16 all-reduce after {e['steps']} steps: {weights}; {accuracy}.")
     return "\n".join(out)
 
 

@@ -1,35 +1,16 @@
-"""GPU throughput by precision: fp32 vs bf16 vs fp16 samples/s, peak memory and model FLOPs utilisation.
-
-    python benchmarks/gpu_bench.py [--json out.json] [--width 8192 --layers 8 --batch-size 4096]
-
-The workload is anytrain's own MLP (toolkit.mlp: the model registry's) made wide enough to fill a GPU,
-trained on synthetic data already on the device (so the figure is the GPU, not the data path),
-with the trainer's recipe: AdamW, gradient clipping, autocast under bf16/fp16 (fp16 with dynamic
-loss scaling, as accelerate does it). Precisions are interleaved over rounds; the best round counts.
-
-MFU = model FLOPs per second / the GPU's dense peak for that precision. Model FLOPs per sample are
-6 x (weights of the Linear layers) (2 forward + 4 backward multiply-adds per weight); the peak is
-looked up by device name (toolkit.GPU_PEAKS; --peak-tflops overrides). fp32 runs true fp32 (TF32 off, torch's default
-for matmuls), so its peak is the fp32 peak. Without CUDA the script says so and exits 0.
+"""GPU throughput by precision: fp32 vs bf16 vs fp16 samples/s, peak memory and model FLOPs utilisation
+(docs/benchmarks.md, "GPU"); precisions interleaved over rounds, the best counts. Without CUDA it says so, exits 0.
 """
 
-from __future__ import annotations
-
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
+import bench_render
 import toolkit
 import torch
 from torch import nn
 
 PRECISIONS, CLASSES = ["fp32", "bf16", "fp16"], 1000
-
-
-def linear_weights(model: nn.Module) -> int:
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
 
 
 def run(precision: str, hidden: list[int], features: int, classes: int, batch: int, steps: int, device) -> dict:
@@ -61,24 +42,18 @@ def run(precision: str, hidden: list[int], features: int, classes: int, batch: i
         step()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     peak = torch.cuda.max_memory_allocated(device)
-    weights = linear_weights(model)
-    return {
-        "samples_per_s": batch * steps / seconds,
-        "peak_memory_bytes": peak,
-        "flops_per_sample": 6 * weights,
-        "weights": weights,
-    }
+    figures = {"samples_per_s": batch * steps / seconds, "peak_memory_bytes": peak}
+    return {**figures, "flops_per_sample": 6 * weights, "weights": weights}
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", default=None, help="write the figures here")
+    p = toolkit.parser(__doc__, json=None, rounds=3)
     p.add_argument("--width", type=int, default=8192, help="hidden width (and input features)")
     p.add_argument("--layers", type=int, default=8, help="hidden layers")
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20, help="timed steps per precision per round")
-    p.add_argument("--rounds", type=int, default=3)
     peaks = "dense peaks of this GPU, if not in the built-in table"
     p.add_argument("--peak-tflops", type=float, nargs=2, metavar=("FP32", "BF16"), help=peaks)
     args = p.parse_args(argv)
@@ -86,35 +61,27 @@ def main(argv=None) -> None:
         msg = "gpu_bench: no CUDA device here; nothing measured (run it on a CUDA machine)"
         print(msg)
         if args.json:
-            Path(args.json).write_text(json.dumps({"skipped": msg}))
+            toolkit.write_json(args.json, {"skipped": msg}, indent=None)
         return
     device = torch.device("cuda", 0)
     name = torch.cuda.get_device_name(device)
     peak = tuple(args.peak_tflops) if args.peak_tflops else toolkit.gpu_peak(name)
-    runs, hidden = {pr: [] for pr in PRECISIONS}, [args.width] * args.layers
-    for r in range(args.rounds):
-        for pr in toolkit.rotated(PRECISIONS, r):
-            runs[pr].append(run(pr, hidden, args.width, CLASSES, args.batch_size, args.steps, device))
-            torch.cuda.empty_cache()  # the last precision's model and optimizer state are gone: start the next clean
-            print(f"round {r + 1}: {pr:5s} {runs[pr][-1]['samples_per_s']:12,.0f} samples/s", flush=True)
-    rows = figures(runs, peak)
+    hidden = [args.width] * args.layers
+
+    def timed(pr: str, r: int) -> dict:
+        x = run(pr, hidden, args.width, CLASSES, args.batch_size, args.steps, device)
+        torch.cuda.empty_cache()  # the last precision's model and optimizer state are gone: start the next clean
+        print(f"round {r + 1}: {pr:5s} {x['samples_per_s']:12,.0f} samples/s", flush=True)
+        return x
+
+    rows = figures(toolkit.interleave(PRECISIONS, args.rounds, timed), peak)
     workload = f"MLP {args.width}-" + "-".join([str(args.width)] * args.layers) + f"-{CLASSES}, batch {args.batch_size}"
     peak_note = f"dense fp32 {peak[0]} / bf16-fp16 {peak[1]} TFLOP/s" if peak else "unknown GPU: pass --peak-tflops"
-    result = {
-        "device": name,
-        "workload": f"{workload}, AdamW, clip 1.0",
-        "peak_note": peak_note,
-        "torch": torch.__version__,
-    }
-    result.update(rows=rows, bf16_over_fp32=rows[1]["vs_fp32"])
-    print(f"{'precision':9s} {'samples/s':>12s} {'vs fp32':>8s} {'peak GiB':>9s} {'TFLOP/s':>8s} {'MFU':>6s}")
-    for x in rows:
-        mfu = f"{100 * x['mfu']:.0f}%" if x["mfu"] is not None else "n/a"
-        speed = f"{x['samples_per_s']:12,.0f} {x['vs_fp32']:7.2f}x"
-        print(f"{x['precision']:9s} {speed} {x['peak_memory_gib']:9.1f} {x['tflops']:8.1f} {mfu:>6s}")
-    print(f"device {name}; {result['workload']}; peak {result['peak_note']}")
+    result = {"device": name, "workload": f"{workload}, AdamW, clip 1.0", "peak_note": peak_note}
+    result.update(torch=torch.__version__, rows=rows, bf16_over_fp32=rows[1]["vs_fp32"])
+    print("\n".join(bench_render.gpu_table(result)[3:]))  # the table of docs/benchmarks.md's item 5
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        toolkit.write_json(args.json, result)
 
 
 def figures(runs: dict[str, list[dict]], peak: tuple[float, float] | None) -> list[dict]:

@@ -1,41 +1,12 @@
 """anytrain's character-level GPT against nanoGPT's own train.py: same machine, same recipe, interleaved.
 
-    python benchmarks/lm_vs_nanogpt.py --nanogpt /work/nanogpt                 # 1 round, 2000 iters, eager
-    python benchmarks/lm_vs_nanogpt.py --nanogpt /work/nanogpt --rounds 3 --compile
-    python benchmarks/lm_vs_nanogpt.py --nanogpt /work/nanogpt --max-iters 200 --systems nanogpt   # quick look
+    python benchmarks/lm_vs_nanogpt.py --nanogpt DIR                       # 1 round, 2000 iters, eager
+    python benchmarks/lm_vs_nanogpt.py --nanogpt DIR --rounds 3 --compile  # also both compiled
 
---nanogpt is a checkout of https://github.com/karpathy/nanoGPT (e.g. `git --git-dir=<bare repo> archive
-HEAD | tar -x -C DIR`). None of its code is copied here: its train.py runs as a subprocess, from its own
-folder, as its README's CPU recipe says ("I only have a macbook": 4 layers, 4 heads, n_embd 128, block 64,
-batch 12, dropout 0, eval every 250 iterations over 20 batches), plus --out_dir (a run folder under
---out), --wandb_log=False and --dtype=float32 (no arithmetic changes on a CPU: it only turns the no-op
-GradScaler off instead of letting it warn). Its data/shakespeare_char/prepare.py runs once on --data,
-with an empty stand-in for `requests` when that is not installed (input.txt is put in place first, so
-it downloads nothing). anytrain runs examples/shakespeare_cpu.yaml (the same recipe) through `accelerate
-launch --config_file accelerate_configs/cpu.yaml` (cpu_compile.yaml with --compile).
-
---max-iters N goes to nanoGPT as max_iters AND lr_decay_iters and to anytrain as --max-steps, so both
-schedules shorten alike; if N is not a multiple of 250, nanoGPT's eval_interval becomes N so that it
-still reports a final validation loss. nanoGPT trains iterations 0..N (N+1 steps), anytrain N.
-
-Figures per run: steady tokens/s (nanoGPT: 768 tokens / the median of its printed iteration times,
-iteration 0, the first --skip-iters and every evaluating iteration left out; anytrain: the median
-`tokens_per_s` of its metrics.jsonl windows after the first); the final validation loss (nanoGPT's is
-its 20-batch estimate); wall (process start to exit); other load (cores other processes kept busy,
-flagged above 0.25); first iteration (nanoGPT's iteration 0 time, anytrain's first_step_s; with
---compile, compile overhead = compiled - eager first iteration of the round, each run with an empty
-TORCHINDUCTOR_CACHE_DIR). The ratio is anytrain/nanoGPT steady tokens/s, per round and median.
-
-Runs are interleaved (the order rotating per round), each a subprocess with a timeout. Both sides get
-the same environment without OMP_NUM_THREADS/MKL_NUM_THREADS (so both use the physical core count;
---threads T sets it for both); a thread-count mismatch is flagged. Not levelled: anytrain flushes
-denormals to zero on CPU, nanoGPT does not. Output: <out>/lm_vs_nanogpt.json (rewritten after every
-run), <out>/lm_vs_nanogpt.md, <out>/logs/<run>.log, <out>/runs/<run>/.
+DIR is a checkout of karpathy/nanoGPT, run as a subprocess from its own folder (none of its code is here). What
+each side runs and how the figures are read: docs/benchmarks.md, "Language model".
 """
 
-from __future__ import annotations
-
-import argparse
 import datetime
 import json
 import os
@@ -48,12 +19,12 @@ import sys
 from pathlib import Path
 
 import toolkit
-from toolkit import ROOT, TRAIN, launch_cmd, read_run, run_env, run_process
+from toolkit import PY, ROOT, TRAIN, launch_cmd, read_run, run_env, run_process
 
-DEFAULT_PY = ROOT / ".venv" / "bin" / "python"
 DEFAULT_DATA = Path("/work/shared/data/tinyshakespeare.txt")
-# nanoGPT's README CPU recipe as overrides of config/train_shakespeare_char.py (the last two: see above);
-# max_iters / lr_decay_iters / eval_interval / compile / out_dir are added per run.
+# nanoGPT's README CPU recipe as overrides of config/train_shakespeare_char.py, plus no wandb and float32 (no
+# arithmetic change on a CPU: it only turns the no-op GradScaler off); max_iters / lr_decay_iters / eval_interval
+# / compile / out_dir are added per run.
 NANOGPT_CONFIG = "config/train_shakespeare_char.py"
 NANOGPT_RECIPE = dict(device="cpu", eval_iters=20, log_interval=1, block_size=64, batch_size=12, n_layer=4, n_head=4)
 NANOGPT_RECIPE.update(n_embd=128, dropout=0.0, wandb_log=False, dtype="float32")
@@ -78,115 +49,99 @@ TOKENS_RE = re.compile(r"^tokens per iteration will be: ([\d,]+)")
 ACCEL_THREADS_RE = re.compile(r"num_cpu_threads_per_process`? was set to `?(\d+)")
 
 
-def probe_torch(python: str, env: dict) -> dict:
-    """torch version and the intra-op thread count a plain `python train.py` gets in this environment."""
-    code = "import json, torch; print(json.dumps({'torch': torch.__version__, 'threads': torch.get_num_threads()}))"
-    try:
-        out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except Exception as e:  # noqa: BLE001 - a probe failing must not stop the benchmark
-        return {"error": repr(e)}
-
-
-def prepare_nanogpt_data(nanogpt: Path, data: Path, python: str, env: dict) -> dict:
+def prepare_nanogpt_data(nanogpt: Path, data: Path, env: dict) -> dict:
     """Put --data in as data/shakespeare_char/input.txt and run its prepare.py, unless already done: input.txt
     has the same bytes and train.bin/val.bin/meta.pkl the sizes of prepare.py's 90/10 split (uint16 per char)."""
-    d = nanogpt / "data" / "shakespeare_char"
+    d, src = nanogpt / "data" / "shakespeare_char", data.read_bytes()
     if not (d / "prepare.py").exists():
         sys.exit(f"{d / 'prepare.py'} not found: is --nanogpt a nanoGPT checkout?")
-    src = data.read_bytes()
     n = len(src.decode("utf-8"))
     want = {"train.bin": 2 * int(n * 0.9), "val.bin": 2 * (n - int(n * 0.9))}
+    info = {"dir": str(d), "characters": n, "train_tokens": want["train.bin"] // 2, "val_tokens": want["val.bin"] // 2}
     inp = d / "input.txt"
     same_input = inp.exists() and inp.read_bytes() == src
-    sizes_ok = all((d / f).exists() and (d / f).stat().st_size == size for f, size in want.items())
-    info = {"dir": str(d), "characters": n, "train_tokens": want["train.bin"] // 2, "val_tokens": want["val.bin"] // 2}
-    if same_input and (d / "meta.pkl").exists() and sizes_ok:
+    if same_input and (d / "meta.pkl").exists() and all(size(d / f) == b for f, b in want.items()):
         return {**info, "prepared": "already"}
     if not same_input:
         if inp.exists():
             inp.chmod(0o644)
             inp.unlink()
         shutil.copyfile(data, inp)  # copyfile: not the source's (possibly read-only) mode
-    cmd = [python, "-c", PREPARE_RUNNER, "prepare.py"]
+    cmd = [PY, "-c", PREPARE_RUNNER, "prepare.py"]
     out = subprocess.run(cmd, check=False, cwd=d, env=env, capture_output=True, text=True, timeout=600)
     if out.returncode:
         sys.exit(f"nanoGPT's prepare.py failed:\n{out.stdout}\n{out.stderr}")
-    for f, size in want.items():
-        if (d / f).stat().st_size != size:
-            sys.exit(f"{d / f}: {(d / f).stat().st_size} bytes, expected {size}")
+    for f, b in want.items():
+        if size(d / f) != b:
+            sys.exit(f"{d / f}: {size(d / f)} bytes, expected {b}")
     return {**info, "prepared": "now", "prepare_output": out.stdout.strip().splitlines()}
 
 
+def size(path: Path) -> int | None:
+    return path.stat().st_size if path.exists() else None
+
+
 def nanogpt_eval_interval(iters: int) -> int:
+    """250, or the run's length when that is no multiple of 250 (so that nanoGPT still reports a last val loss)."""
     return EVAL_INTERVAL if iters % EVAL_INTERVAL == 0 else iters
 
 
-def command(system: str, args: argparse.Namespace, mode: str, run_dir: Path) -> tuple[list[str], Path]:
+def command(system: str, args, mode: str, run_dir: Path) -> tuple[list[str], Path]:
     """(command, folder to run it in) of one run: nanoGPT's `python train.py config/... --key=value ...`
-    as its README runs it, anytrain's `accelerate launch ... src/train.py --config ...` as its README does."""
-    iters, compiled = args.max_iters, mode == "compiled"
+    as its README runs it (iterations 0..N), anytrain's `accelerate launch ... src/train.py --config ...`."""
+    iters = args.max_iters
     if system == "nanogpt":
-        per_run = dict(
-            compile=compiled, max_iters=iters, lr_decay_iters=iters, eval_interval=nanogpt_eval_interval(iters)
-        )
-        overrides = {**NANOGPT_RECIPE, **per_run, "out_dir": str(run_dir)}
-        return [args.python, "train.py", NANOGPT_CONFIG, *(f"--{k}={v}" for k, v in overrides.items())], args.nanogpt
+        per_run = dict(compile=mode == "compiled", max_iters=iters, lr_decay_iters=iters)
+        overrides = {
+            **NANOGPT_RECIPE,
+            **per_run,
+            "eval_interval": nanogpt_eval_interval(iters),
+            "out_dir": str(run_dir),
+        }
+        return [PY, "train.py", NANOGPT_CONFIG, *(f"--{k}={v}" for k, v in overrides.items())], args.nanogpt
     opts = ["--config", ANYTRAIN_CONFIG, "--max-steps", str(iters), "--output-dir", str(run_dir), "--overwrite"]
-    return launch_cmd(ACCEL_CONFIG[mode], TRAIN, *opts, "--no-progress", python=args.python), ROOT
+    return launch_cmd(ACCEL_CONFIG[mode], TRAIN, *opts, "--no-progress"), ROOT
 
 
 def parse_nanogpt(lines: list[tuple[float, str]], eval_interval: int, skip_iters: int) -> dict:
-    """Figures from nanoGPT's printed lines (see the module docstring)."""
-    iters: dict[int, tuple[float, float, float]] = {}  # iter -> (loss, ms, arrival s)
-    evals: list[tuple[int, float, float]] = []
-    tokens_per_iter = None
+    """Figures from nanoGPT's printed lines: steady = the median iteration time, iteration 0, the first
+    skip_iters and every evaluating iteration left out."""
+    iters, evals, tokens = {}, [], None  # iters: iter -> (loss, ms, second it was printed)
     for t, text in lines:
         if m := ITER_RE.match(text):
             iters[int(m[1])] = (float(m[2]), float(m[3]), t)
         elif m := STEP_RE.match(text):
             evals.append((int(m[1]), float(m[2]), float(m[3])))
         elif m := TOKENS_RE.match(text):
-            tokens_per_iter = int(m[1].replace(",", ""))
+            tokens = int(m[1].replace(",", ""))
     if not iters:
         return {"parse_error": "no `iter N: loss ..., time ...ms` lines"}
-    tokens_per_iter = tokens_per_iter or TOKENS
+    tokens = tokens or TOKENS
     steady = [ms for i, (_, ms, _) in iters.items() if i > 0 and i >= skip_iters and i % eval_interval != 0]
     median_ms, last, first = statistics.median(steady) if steady else None, max(iters), iters.get(0)
-    res = {
-        "iters_logged": len(iters),
-        "last_iter": last,
-        "tokens_per_iter": tokens_per_iter,
-        "steady_iters": len(steady),
-    }
-    res.update(
-        steady_ms_per_iter=median_ms, steady_tokens_per_s=tokens_per_iter / (median_ms / 1000) if median_ms else None
-    )
+    res = {"iters_logged": len(iters), "last_iter": last, "tokens_per_iter": tokens, "steady_iters": len(steady)}
+    res.update(steady_ms_per_iter=median_ms, steady_tokens_per_s=tokens / (median_ms / 1000) if median_ms else None)
     res.update(steady_ms_p10_p90=quantiles(steady), first_iter_s=first[1] / 1000 if first else None)
     res["start_to_iter0_s"] = first[2] if first else None  # process start -> iteration 0 printed
     res["loop_s"] = sum(ms for _, ms, _ in iters.values()) / 1000  # evaluation and checkpoint saves in
     res["final_train_loss_logged"] = iters[last][0]
     res["evals"] = [{"step": s, "train_loss": tr, "val_loss": va} for s, tr, va in evals]
     if evals:
-        res["val_loss_step"], res["val_loss"] = evals[-1][0], evals[-1][2]
-        res["best_val_loss"] = min(va for _, _, va in evals)
+        res.update(val_loss_step=evals[-1][0], val_loss=evals[-1][2], best_val_loss=min(va for *_, va in evals))
     return res
 
 
 def parse_anytrain(run_dir: Path, lines: list[tuple[float, str]], skip_windows: int = 1) -> dict:
-    """Figures from anytrain's metrics.jsonl and summary.json (see the module docstring)."""
+    """Figures from anytrain's run folder: steady = the median logged tokens/s after the first window."""
     if not (run_dir / "metrics.jsonl").exists():
         return {"parse_error": f"{run_dir / 'metrics.jsonl'} not found"}
     train, evals, s = read_run(run_dir)
     rates = [r["tokens_per_s"] for r in train[skip_windows:] if r.get("tokens_per_s")]
     res: dict = {"train_windows": len(train), "steady_windows": len(rates)}
-    res.update(
-        steady_tokens_per_s=toolkit.steady_tokens_per_s(train, skip_windows),
-        steady_tokens_per_s_p10_p90=quantiles(rates),
-    )
-    res.update(
-        final_train_loss_logged=train[-1]["loss"] if train else None, last_step=train[-1]["step"] if train else None
-    )
+    res.update(steady_tokens_per_s=toolkit.steady_tokens_per_s(train, skip_windows))
+    last = train[-1] if train else {}
+    res.update(steady_tokens_per_s_p10_p90=quantiles(rates), final_train_loss_logged=last.get("loss"))
+    res["last_step"] = last.get("step")
     res["evals"] = [{"step": r.get("step"), "val_loss": r.get("loss")} for r in evals]
     if s is None:
         res["parse_error"] = f"{run_dir / 'summary.json'} not found"
@@ -203,10 +158,8 @@ def parse_anytrain(run_dir: Path, lines: list[tuple[float, str]], skip_windows: 
 
 
 def quantiles(xs: list[float]) -> list[float] | None:
-    if len(xs) < 2:
-        return None
-    q = statistics.quantiles(xs, n=10)
-    return [q[0], q[-1]]
+    q = statistics.quantiles(xs, n=10) if len(xs) > 1 else None
+    return [q[0], q[-1]] if q else None
 
 
 def fmt(x, spec: str = ".4f") -> str:
@@ -214,6 +167,9 @@ def fmt(x, spec: str = ".4f") -> str:
 
 
 def summarize(runs: list[dict], rounds: int, modes: list[str]) -> dict:
+    """Per round: anytrain/nanoGPT steady tokens/s and, compiled, each side's compile overhead (its first
+    iteration compiled - eager); per mode, the medians."""
+
     def get(r: int, system: str, mode: str) -> dict:
         return next((x for x in runs if (x["round"], x["system"], x["mode"]) == (r, system, mode)), None) or {}
 
@@ -225,9 +181,8 @@ def summarize(runs: list[dict], rounds: int, modes: list[str]) -> dict:
             if ng.get("steady_tokens_per_s") and at.get("steady_tokens_per_s"):
                 row["ratio_anytrain_over_nanogpt"] = at["steady_tokens_per_s"] / ng["steady_tokens_per_s"]
                 ratios.append(row["ratio_anytrain_over_nanogpt"])
-            for system, key in (
-                (("nanogpt", "first_iter_s"), ("anytrain", "first_step_s")) if mode == "compiled" else ()
-            ):
+            first_keys = (("nanogpt", "first_iter_s"), ("anytrain", "first_step_s")) if mode == "compiled" else ()
+            for system, key in first_keys:
                 c, e = get(r, system, "compiled").get(key), get(r, system, "eager").get(key)
                 if c is not None and e is not None:
                     row[f"{system}_compile_overhead_s"] = c - e
@@ -274,38 +229,22 @@ def side(agg: dict, system: str) -> str:
     return f"{fmt(speed, ',.0f')} tok/s, val {fmt(val)}, wall {fmt(wall, '.1f')} s"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    defaults, details = argparse.ArgumentDefaultsHelpFormatter, "Details: the module docstring of this file."
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=defaults, epilog=details)
+def parse_args(argv=None):
+    p = toolkit.parser(__doc__, out="bench_out/lm_vs_nanogpt", rounds=1)
+    p.add_argument("--nanogpt", required=True, type=Path, help="a nanoGPT checkout (its data gets prepared)")
     p.add_argument(
-        "--nanogpt", required=True, type=Path, help="a checkout of karpathy/nanoGPT (its data gets prepared)"
+        "--max-iters", type=int, default=2000, help="nanoGPT max_iters, lr_decay_iters; anytrain --max-steps"
     )
-    p.add_argument("--rounds", type=int, default=1, help="rounds of interleaved runs")
-    p.add_argument(
-        "--max-iters", type=int, default=2000, help="nanoGPT max_iters and lr_decay_iters, anytrain --max-steps"
-    )
-    p.add_argument(
-        "--compile", action="store_true", help="also run both compiled (nanoGPT --compile=True, cpu_compile.yaml)"
-    )
-    p.add_argument(
-        "--systems", nargs="+", choices=("nanogpt", "anytrain"), default=["nanogpt", "anytrain"], help="sides"
-    )
-    p.add_argument("--out", type=Path, default=Path("bench_out/lm_vs_nanogpt"), help="output folder")
+    p.add_argument("--compile", action="store_true", help="also both compiled (--compile=True, cpu_compile.yaml)")
+    p.add_argument("--systems", nargs="+", choices=("nanogpt", "anytrain"), default=["nanogpt", "anytrain"])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Tiny Shakespeare text for nanoGPT's prepare.py")
-    python = str(DEFAULT_PY) if DEFAULT_PY.exists() else sys.executable
-    p.add_argument("--python", default=python, help="interpreter for both sides")
     p.add_argument("--timeout", type=float, default=None, help="seconds per run (None: 300 + 0.6 x max-iters)")
-    p.add_argument(
-        "--skip-iters", type=int, default=10, help="nanoGPT warm-up iterations left out of its steady median"
-    )
-    p.add_argument(
-        "--threads", type=int, default=0, help="OMP_NUM_THREADS for both sides; 0 = torch's/accelerate's choice"
-    )
-    p.add_argument("--dry-run", action="store_true", help="prepare nothing, run nothing: print the commands")
+    p.add_argument("--skip-iters", type=int, default=10, help="nanoGPT warm-up iterations out of its steady median")
+    p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for both sides; 0: as the launch decides")
     return p.parse_args(argv)
 
 
-def run_one(name: str, system: str, mode: str, args: argparse.Namespace, env: dict, meta: dict) -> dict:
+def run_one(name: str, system: str, mode: str, args, env: dict, meta: dict) -> dict:
     """One run, its figures read: nanoGPT's from its printed lines, anytrain's from its run folder."""
     run_dir, log_path = args.out / "runs" / name, args.out / "logs" / f"{name}.log"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -333,20 +272,26 @@ def run_one(name: str, system: str, mode: str, args: argparse.Namespace, env: di
     return rec
 
 
-def metadata(args: argparse.Namespace, env: dict, modes: list[str]) -> dict:
+def metadata(args, env: dict, modes: list[str]) -> dict:
     meta = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node()}
-    meta.update(platform=platform.platform(), cpu_count=os.cpu_count(), python=args.python, nanogpt=str(args.nanogpt))
+    meta.update(platform=platform.platform(), cpu_count=os.cpu_count(), python=PY, nanogpt=str(args.nanogpt))
     meta.update(max_iters=args.max_iters, rounds=args.rounds, modes=modes, systems=args.systems, timeout_s=args.timeout)
     meta.update(skip_iters=args.skip_iters, nanogpt_eval_interval=nanogpt_eval_interval(args.max_iters))
-    meta.update(omp_num_threads=env.get("OMP_NUM_THREADS"), torch_probe=probe_torch(args.python, env))
+    meta["omp_num_threads"] = env.get("OMP_NUM_THREADS")
+    code = "import json, torch; print(json.dumps({'torch': torch.__version__, 'threads': torch.get_num_threads()}))"
+    try:  # torch's version and the thread count a plain `python train.py` gets here
+        out = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+        meta["torch_probe"] = json.loads(out.stdout.strip().splitlines()[-1])
+    except Exception as e:  # noqa: BLE001 - a probe failing must not stop the benchmark
+        meta["torch_probe"] = {"error": repr(e)}
     if "nanogpt" in args.systems:
-        meta["nanogpt_data"] = prepare_nanogpt_data(args.nanogpt, args.data.resolve(), args.python, env)
+        meta["nanogpt_data"] = prepare_nanogpt_data(args.nanogpt, args.data.resolve(), env)
     return meta
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    args.nanogpt, args.out = args.nanogpt.resolve(), args.out.resolve()
+    args.nanogpt, args.out = args.nanogpt.resolve(), Path(args.out).resolve()
     args.timeout = args.timeout or 300 + 0.6 * args.max_iters
     env = run_env(args.threads, PYTHONUNBUFFERED="1")  # the same for both sides
     modes = ["eager", "compiled"] if args.compile else ["eager"]
@@ -355,12 +300,6 @@ def main(argv=None) -> None:
         sys.exit(f"{args.nanogpt / 'train.py'} not found: --nanogpt must be a nanoGPT checkout")
     if "=" in str(args.out):
         sys.exit(f"--out {args.out}: nanoGPT's configurator splits --out_dir=... at '=', so it must not contain one")
-    if args.dry_run:
-        for r in range(args.rounds):
-            for system, mode in toolkit.rotated(variants, r):
-                cmd, cwd = command(system, args, mode, args.out / "runs" / f"r{r}_{system}_{mode}")
-                print(f"(cd {cwd} && {' '.join(cmd)})")
-        return
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"meta": metadata(args, env, modes), "runs": []}
     probe, timeout = result["meta"]["torch_probe"], f"timeout {args.timeout:.0f} s each"
@@ -370,7 +309,7 @@ def main(argv=None) -> None:
         for system, mode in toolkit.rotated(variants, r):
             rec = run_one(f"r{r}_{system}_{mode}", system, mode, args, env, result["meta"])
             result["runs"].append({"round": r, **rec})
-            save(result, args)
+            save(result, args)  # after every run: an interrupted benchmark keeps what it measured
     threads = {x["system"]: x.get("threads") for x in result["runs"] if x.get("threads") is not None}
     if len(set(threads.values())) > 1:
         print(f"WARNING: the two sides ran with different thread counts {threads}; rerun with --threads N", flush=True)
@@ -381,10 +320,9 @@ def main(argv=None) -> None:
     print(f"\n{md}\nJSON: {args.out / 'lm_vs_nanogpt.json'}")
 
 
-def save(result: dict, args: argparse.Namespace) -> None:
-    """lm_vs_nanogpt.json, rewritten after every run: an interrupted benchmark keeps what it measured."""
+def save(result: dict, args) -> None:
     result["summary"] = summarize(result["runs"], args.rounds, result["meta"]["modes"])
-    (args.out / "lm_vs_nanogpt.json").write_text(json.dumps(result, indent=1))
+    toolkit.write_json(args.out / "lm_vs_nanogpt.json", result)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,12 @@
 """Time one training step (forward, loss, backward, SGD step) of a wide MLP: the whole model on one
 device vs the naive two-stage split vs the pipelined split over a sweep of micro-batch counts.
 
-    python benchmarks/model_parallel_bench.py --out bench_out/model_parallel
-
-Devices as in anytrain.model_parallel: cuda:0 + cuda:1 with two GPUs, both stages on cuda:0 with
-one, the CPU without one (`--device cpu` forces the CPU). Variants are interleaved in rounds (the
-order rotates every round) so that noise from other work on the machine hits all of them alike.
-The table's main figure is the best round (other work can only add time), with the median and
-the worst beside it. Writes model_parallel.json, model_parallel.md and
-model_parallel.png under --out.
+Variants interleaved in rounds; model_parallel.json, .md and .png under --out (docs/model_parallel.md, "Benchmark").
 """
-
-from __future__ import annotations
 
 import argparse
 import copy
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -38,22 +28,17 @@ PRESETS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     def per_device(name: str) -> str:
-        return "default per device: " + ", ".join(f"{kind} {preset[name]}" for kind, preset in PRESETS.items())
+        return "; default per device: " + ", ".join(f"{kind} {preset[name]}" for kind, preset in PRESETS.items())
 
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    p.add_argument("--out", default="bench_out/model_parallel", help="folder for the JSON, table and plot")
+    p = toolkit.parser(__doc__, out="bench_out/model_parallel")
     p.add_argument("--device", choices=("auto", "cpu"), default="auto", help="auto: the GPUs if any, else the CPU")
     p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="micro-batch counts")
-    p.add_argument("--width", type=int, help="hidden width (and input features) of the MLP; " + per_device("width"))
-    p.add_argument("--layers", type=int, help="hidden layers; " + per_device("layers"))
-    p.add_argument("--batch-size", type=int, help="samples per step; " + per_device("batch_size"))
-    p.add_argument(
-        "--steps", type=int, help="timed steps per variant per round, after a warm-up; " + per_device("steps")
-    )
-    p.add_argument("--rounds", type=int, help="rounds (best, median and worst are reported); " + per_device("rounds"))
-    p.add_argument("--threads", type=int, help="CPU threads for torch, 0 = torch's default; " + per_device("threads"))
+    p.add_argument("--width", type=int, help="hidden width (and input features) of the MLP" + per_device("width"))
+    p.add_argument("--layers", type=int, help="hidden layers" + per_device("layers"))
+    p.add_argument("--batch-size", type=int, help="samples per step" + per_device("batch_size"))
+    p.add_argument("--steps", type=int, help="timed steps per variant per round, after a warm-up" + per_device("steps"))
+    p.add_argument("--rounds", type=int, help="rounds (best, median and worst are reported)" + per_device("rounds"))
+    p.add_argument("--threads", type=int, help="CPU threads for torch, 0 = torch's default" + per_device("threads"))
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
     args = p.parse_args(argv)
     if any(m < 1 for m in args.micro_batches):
@@ -97,51 +82,36 @@ def machine_info(first: torch.device, second: torch.device, why: str) -> dict:
     return info
 
 
-def count_params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     first, second, why = toolkit.stage_devices(use_cpu=True if args.device == "cpu" else None)
     for name, value in PRESETS[first.type].items():
-        if getattr(args, name) is None:
+        if getattr(args, name) is None:  # the device kind's size where no option gave one
             setattr(args, name, value)
     if args.threads:
         torch.set_num_threads(args.threads)
     if max(args.micro_batches) > args.batch_size:
-        sys.exit(
-            f"error: --micro-batches {max(args.micro_batches)} is more than the {args.batch_size} samples of a batch"
-        )
-
+        sys.exit(f"error: --micro-batches {max(args.micro_batches)} is more than a batch ({args.batch_size} samples)")
     torch.manual_seed(args.seed)
     base = toolkit.mlp([args.width] * args.layers, args.width, 10)  # Standardize, (Linear, ReLU) x layers, Linear
     devices = (first, second) if args.device == "cpu" else None  # None: the module's own choice, with its note
     variants = {"single": copy.deepcopy(base).to(first), "naive": toolkit.two_stages(copy.deepcopy(base), devices)}
     for m in args.micro_batches:
         variants[f"pipelined x{m}"] = toolkit.two_stages(copy.deepcopy(base), devices, micro_batches=m)
-    info = machine_info(first, second, why)
-    size = f"MLP {args.width} x {args.layers} hidden layers, {count_params(base):,} params, batch {args.batch_size}"
-    print(f"model: {size}\n{variants['naive'].placement()}")
+    info, params = machine_info(first, second, why), sum(p.numel() for p in base.parameters())
+    print(f"model: MLP {args.width} x {args.layers} hidden layers, {params:,} params, batch {args.batch_size}")
+    print(variants["naive"].placement())
     threads = f"torch {info['torch']}, {info['torch_threads']} CPU thread(s)"
     print(f"timing {len(variants)} variants x {args.rounds} rounds x {args.steps} steps; {threads}")
     times = timings(variants, args, first, second)
     rows = [row(name, variants[name], t, min(times["single"]), args.batch_size) for name, t in times.items()]
     config = {k: getattr(args, k) for k in "width layers batch_size steps rounds threads micro_batches seed".split()}
-    result = {
-        "machine": info,
-        "config": config,
-        "params": count_params(base),
-        "placement": variants["naive"].placement(),
-    }
-    result["rows"] = rows
-    table = format_table(rows)
+    result = {"machine": info, "config": config, "params": params, "placement": variants["naive"].placement()}
+    out, table = toolkit.out_dir(args.out), format_table(rows)
     print(f"\n{table}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "model_parallel.json").write_text(json.dumps(result, indent=2) + "\n")
+    toolkit.write_json(out / "model_parallel.json", {**result, "rows": rows}, indent=2)
     (out / "model_parallel.md").write_text(table + "\n")
-    plot(result, out / "model_parallel.png")
+    plot({**result, "rows": rows}, out / "model_parallel.png")
     print(f"\nwrote {out / 'model_parallel.json'}, {out / 'model_parallel.md'}, {out / 'model_parallel.png'}")
 
 
@@ -161,10 +131,11 @@ def timings(variants: dict[str, nn.Module], args, first: torch.device, second: t
 
 def row(name: str, model: nn.Module, times: list[float], single: float, batch_size: int) -> dict:
     m = getattr(model, "micro_batches", None) if name.startswith("pipelined") else None
+    low, extra = divmod(batch_size, m or 1)  # torch.tensor_split's parts: '64', or '36-37' when they differ by one
     return {
         "variant": name,
         "micro_batches": m,
-        "micro_batch_size": None if m is None else micro_batch_sizes(batch_size, m),
+        "micro_batch_size": None if m is None else f"{low}" if extra == 0 else f"{low}-{low + 1}",
         "ms_per_step": min(times) * 1e3,  # best round
         "ms_median": statistics.median(times) * 1e3,
         "ms_max": max(times) * 1e3,
@@ -175,62 +146,43 @@ def row(name: str, model: nn.Module, times: list[float], single: float, batch_si
     }
 
 
-def micro_batch_sizes(batch_size: int, micro_batches: int) -> str:
-    """'64', or '36-37' when torch.tensor_split makes parts that differ by one."""
-    low, extra = divmod(batch_size, micro_batches)
-    return f"{low}" if extra == 0 else f"{low}-{low + 1}"
-
-
 def format_table(rows: list[dict]) -> str:
-    lines = [
-        "| variant | micro-batch size | ms / step (best) | median / worst | time vs single | ideal on 2 devices |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+    lines = ["| variant | micro-batch size | ms / step (best) | median / worst | time vs single | ideal on 2 devices |"]
+    lines.append("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         ideal = "" if r["ideal_two_devices_vs_single"] is None else f"{r['ideal_two_devices_vs_single']:.2f}"
-        lines.append(
-            f"| {r['variant']} | {r['micro_batch_size'] or 'whole batch'} | {r['ms_per_step']:.1f} | "
-            f"{r['ms_median']:.1f} / {r['ms_max']:.1f} | {r['time_vs_single']:.2f} | {ideal} |"
-        )
+        times = f"{r['ms_per_step']:.1f} | {r['ms_median']:.1f} / {r['ms_max']:.1f} | {r['time_vs_single']:.2f}"
+        lines.append(f"| {r['variant']} | {r['micro_batch_size'] or 'whole batch'} | {times} | {ideal} |")
     return "\n".join(lines)
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     rows = {r["variant"]: r for r in result["rows"]}
     piped = [r for r in result["rows"] if r["micro_batches"] is not None]
     ms = [r["micro_batches"] for r in piped]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
     ax.plot(ms, [r["ms_per_step"] for r in piped], "o-", label="pipelined (2 stages)")
     ax.axhline(rows["single"]["ms_per_step"], color="k", linestyle="--", label="single device")
     ax.axhline(rows["naive"]["ms_per_step"], color="tab:red", linestyle=":", label="naive split")
-    ax.plot(
-        ms,
-        [rows["single"]["ms_per_step"] * r["ideal_two_devices_vs_single"] for r in piped],
-        color="tab:green",
-        linestyle="-.",
-        label="ideal pipeline on 2 devices",
-    )
+    ideal = [rows["single"]["ms_per_step"] * r["ideal_two_devices_vs_single"] for r in piped]
+    ax.plot(ms, ideal, color="tab:green", linestyle="-.", label="ideal pipeline on 2 devices")
     ax.set_xscale("log", base=2)
     ax.set_xticks(ms, [str(m) for m in ms])
     ax.set_xlabel("micro-batches per batch")
     ax.set_ylabel("ms per training step (best round)")
     info, cfg = result["machine"], result["config"]
     where = " + ".join(dict.fromkeys(info["stage_devices"]))
+    title = f"MLP {cfg['width']}x{cfg['layers']}, batch {cfg['batch_size']}, stages on {where}\n"
     ax.set_title(
-        f"MLP {cfg['width']}x{cfg['layers']}, batch {cfg['batch_size']}, stages on {where}\n"
-        f"torch {info['torch']}, {info.get('gpus', [info['processor']])[0]}, {info['date']}",
-        fontsize=9,
+        title + f"torch {info['torch']}, {info.get('gpus', [info['processor']])[0]}, {info['date']}", fontsize=9
     )
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -1,25 +1,13 @@
-"""The peers section of `make bench`: the same job (peers/job.py) through anytrain, a hand-written
-loop (peers/plain.py) and, when installed (`make install-peers`), PyTorch Lightning and the Hugging
-Face Trainer (peers/lightning_job.py, peers/hf_trainer_job.py).
+"""The peers section of `make bench`: the job of peers/job.py through anytrain (`accelerate launch`, its README's
+command), a plain loop and, when installed (`make install-peers`), Lightning and the HF Trainer (`python script.py`),
+in interleaved rounds; the fastest round of each counts, every run is kept in peers.json (docs/benchmarks.md)."""
 
-    python benchmarks/peers_bench.py --out bench_out/peers --rounds 3
-
-Each is started the way its users start it: anytrain with `accelerate launch --config_file
-accelerate_configs/cpu.yaml src/train.py ...` (its README's command), the others with `python
-script.py`. Rounds are interleaved, in an order that rotates per round. Per run: loop time (the
-epochs with their validations and checkpoints, from each script's own clock) and wall time (process
-start to exit, this runner's clock). The fastest round of each counts (other work on the machine
-only slows a run down); every run is kept in peers.json.
-"""
-
-from __future__ import annotations
-
-import argparse
 import importlib.util
 import json
 import statistics
 from pathlib import Path
 
+import toolkit
 from peers import job
 from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head, write_json
 
@@ -41,12 +29,11 @@ def anytrain_variant(runner: Runner, data: Path) -> dict:
 
 def script_variant(runner: Runner, name: str, script: str, data: Path) -> dict:
     d = runner.fresh(f"peer-{name}")
-    out = d / "result.json"
     extra = [] if name == "plain" else ["--out", str(d / "run")]
-    cmd = [PY, str(BENCH / "peers" / script), "--data", str(data), "--json", str(out), *extra]
+    cmd = [PY, str(BENCH / "peers" / script), "--data", str(data), "--json", str(d / "result.json"), *extra]
     rec = runner.run(f"peers/{name}", cmd)
     if "error" not in rec:
-        rec.update(json.loads(out.read_text()))
+        rec.update(json.loads((d / "result.json").read_text()))
     return rec
 
 
@@ -63,42 +50,29 @@ def plan(data: Path) -> tuple[list, list[str]]:
 
 
 def summarise(records: list[dict], names: list[str]) -> dict:
-    rows = {}
+    rows, med = {}, statistics.median
     for name in names:
         ok = [r for r in records if r["variant"] == name and "error" not in r]
-        rows[name] = None
+        loop, wall = [r["loop_s"] for r in ok], [r["wall_s"] for r in ok]
+        rows[name] = {"loop_s": min(loop), "loop_s_median": med(loop), "wall_s": min(wall)} if ok else None
         if ok:
-            loop, wall = [r["loop_s"] for r in ok], [r["wall_s"] for r in ok]
-            rows[name] = {"loop_s": min(loop), "loop_s_median": statistics.median(loop), "wall_s": min(wall)}
-            accuracy = statistics.median(r["test_accuracy"] for r in ok)
-            rows[name].update(
-                wall_s_median=statistics.median(wall), test_accuracy=accuracy, steps=ok[0]["steps"], runs=len(ok)
-            )
-    a = rows.get("anytrain")
-    ratios = {}
-    for name, row in rows.items():
-        if name != "anytrain" and row and a:
-            ratios[name] = {
-                "loop": row["loop_s"] / a["loop_s"],
-                "wall": row["wall_s"] / a["wall_s"],
-            }  # > 1: anytrain faster
+            rows[name].update(wall_s_median=med(wall), test_accuracy=med(r["test_accuracy"] for r in ok))
+            rows[name].update(steps=ok[0]["steps"], runs=len(ok))
+    a = rows.get("anytrain")  # ratios > 1: anytrain faster
+    peers = [(n, row) for n, row in rows.items() if n != "anytrain" and row and a]
+    ratios = {n: {"loop": row["loop_s"] / a["loop_s"], "wall": row["wall_s"] / a["wall_s"]} for n, row in peers}
     return {"rows": rows, "anytrain_speed_vs": ratios}
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="bench_out/peers")
-    p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args(argv)
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    runner = Runner(out)
+    args = toolkit.parser(__doc__, out="bench_out/peers", rounds=3).parse_args(argv)
+    out = toolkit.out_dir(args.out)
     variants, missing = plan(job.write_data(out / "data"))
     for m in missing:
         print(f"  not installed, left out: {m}", flush=True)
-    records = runner.rounds(variants, args.rounds, label="peers round")
+    records = Runner(out).rounds(variants, args.rounds, label="peers round")
     summary = summarise(records, [n for n, _ in variants])
-    result = {"summary": summary, "missing": missing, "records": records, "job": job.__doc__.split("\n\n")[1]}
+    result = {"summary": summary, "missing": missing, "records": records, "job": job.__doc__.split("\n\n")[1].strip()}
     write_json(out / "peers.json", result)
     print(table(result["summary"]))
     return result

@@ -1,20 +1,10 @@
-"""The limit the trainer is measured against: a plain PyTorch loop over preloaded tensors.
-
-Same model (anytrain's model registry), same data (anytrain's loading, done once, before the
-clock starts), same recipe as the trainer's defaults (AdamW, warm-up + cosine LR, gradient
-clipping), same batch size and steps, but no accelerate, no DataLoader, no logging files: each
-batch is one fancy-index into the preloaded tensors. It logs the same step windows as the
-trainer's metrics.jsonl (every --log-every-steps steps) so the two can be compared window by
-window.
+"""The limit the trainer is measured against: a plain PyTorch loop over preloaded tensors (docs/benchmarks.md).
 
     OMP_NUM_THREADS=2 python benchmarks/plain_loop.py --json out.json [--flush-denormal] [trainer options ...]
 
-The trainer options are parsed by anytrain's own parser, so both sides read the same flags.
---flush-denormal calls torch.set_flush_denormal(True) first: pass it (bench.py: PLAIN_FLUSH_DENORMAL)
-once the trainer does the same on CPU, so that both sides do the same arithmetic.
+anytrain's own parser reads the trainer options, so both sides read the same flags; it logs the same step windows
+as the trainer's metrics.jsonl. --flush-denormal: torch.set_flush_denormal(True) first, as the trainer does on CPU.
 """
-
-from __future__ import annotations
 
 import json
 import math

@@ -1,14 +1,7 @@
-"""What every script in benchmarks/ shares: paths, the environment of a run, the `accelerate launch`
-command, a runner (subprocesses with a timeout and a log, interleaved rounds), reading a run folder
-(summary.json, metrics.jsonl), GPU peak FLOP/s, the machine, number formats, and, at the bottom,
-the only calls into anytrain's internals (adapt them there when anytrain changes).
+"""What every script in benchmarks/ shares (`python benchmarks/<script>.py` puts this folder on sys.path): runs
+and their rounds, run folders, the machine, formats, and at the bottom the only calls into anytrain's internals."""
 
-Every script runs as `python benchmarks/<script>.py`: Python puts this folder first on sys.path,
-so `import toolkit` finds this file; anytrain itself is installed (`make install`).
-"""
-
-from __future__ import annotations
-
+import argparse
 import datetime
 import json
 import os
@@ -25,15 +18,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
-TRAIN = ROOT / "src" / "train.py"
-CONFIGS = ROOT / "accelerate_configs"
+BENCH, TRAIN, CONFIGS = ROOT / "benchmarks", ROOT / "src" / "train.py", ROOT / "accelerate_configs"
 PY = sys.executable
 ACCELERATE = str(Path(PY).with_name("accelerate")) if Path(PY).with_name("accelerate").exists() else None
 TIMEOUT = 300  # seconds per subprocess: a hung run fails its figure, never the whole benchmark
 
-LARGE = "--dataset synthetic --synthetic-samples 21942 --synthetic-features 784 --hidden-sizes 1024 1024".split()
-LARGE += ["--dropout", "0"]
+LARGE = "--dataset synthetic --synthetic-samples 21942 --synthetic-features 784 --hidden-sizes 1024 1024 --dropout 0"
+LARGE = LARGE.split()
 WORKLOADS = {
     # name: (description, trainer options, batch per process, steps)
     # 120 steps = 6 epochs of the digits' 1,259 training rows; 60 steps = 1 epoch of the 15,360
@@ -57,6 +48,23 @@ def gpu_peak(name: str) -> tuple[float, float] | None:
     return next((peak for key, peak in GPU_PEAKS.items() if key.lower() in name.lower()), None)
 
 
+def parser(doc: str, **defaults) -> argparse.ArgumentParser:
+    """A script's options, described by its docstring: --out, --json, --rounds with the defaults given."""
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=formatter)
+    helps = {"out": "output folder", "json": "write the figures here", "rounds": "rounds of interleaved runs"}
+    for name, default in defaults.items():
+        p.add_argument(f"--{name}", type=int if name == "rounds" else str, default=default, help=helps[name])
+    return p
+
+
+def out_dir(path) -> Path:
+    """The folder `path`, made absolute and created."""
+    path = Path(path).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def run_env(threads: int | None = None, **extra: str) -> dict:
     """Every run's environment: hubs offline, this checkout's src, and no thread settings (the launch
     decides, as it does for users) unless `threads` sets OMP_NUM_THREADS."""
@@ -66,10 +74,9 @@ def run_env(threads: int | None = None, **extra: str) -> dict:
     return {**e, **({"OMP_NUM_THREADS": str(threads)} if threads else {}), **extra}
 
 
-def launch_cmd(config: str, script: Path | str, *args: str, python: str | None = None) -> list[str]:
-    """`accelerate launch --config_file accelerate_configs/<config> <script> <args>`, as users type it
-    (with `python`: `<python> -m accelerate.commands.launch ...`, that interpreter's accelerate)."""
-    head = [ACCELERATE, "launch"] if ACCELERATE and not python else [python or PY, "-m", "accelerate.commands.launch"]
+def launch_cmd(config: str, script: Path | str, *args: str) -> list[str]:
+    """`accelerate launch --config_file accelerate_configs/<config> <script> <args>`, as users type it."""
+    head = [ACCELERATE, "launch"] if ACCELERATE else [PY, "-m", "accelerate.commands.launch"]
     port = ["--main_process_port", "0"] if config == "multi_cpu.yaml" else []
     return [*head, "--config_file", str(CONFIGS / config), *port, str(script), *args]
 
@@ -85,8 +92,7 @@ def busy_cpu_s() -> float | None:
 
 
 def children_cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
+    return sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])  # user + system seconds
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -101,10 +107,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_process(cmd, log, env=None, cwd=ROOT, timeout=TIMEOUT, first_step=None) -> tuple[dict, list]:
-    """Run cmd with a wall-clock limit, its output into the open file `log`: (record, output lines
-    with the second each arrived). The record has wall_s, returncode, an error if any, the CPU seconds
-    of the run (cpu_s) and other_load: the cores that everything else on the machine kept busy
-    meanwhile. With `first_step` (a metrics.jsonl), also first_step_s: when its first train line appeared."""
+    """Run cmd with a time limit, its output into the open file `log`: (record, [(second it arrived, line)]).
+    The record: wall_s, returncode, error if any, cpu_s (the run's CPU seconds), other_load (cores everything
+    else kept busy meanwhile) and, with `first_step` (a metrics.jsonl), first_step_s: when its first train line came."""
     rec, lines, first = {"cmd": cmd, "load1_before": os.getloadavg()[0], "start_unix": time.time()}, [], None
     log.write(f"\n$ (cd {cwd} && {' '.join(map(str, cmd))})\n")
     log.flush()
@@ -147,6 +152,15 @@ def rotated(items: list, r: int, step: int = 1) -> list:
     return items[k:] + items[:k]
 
 
+def interleave(names: list, rounds: int, run) -> dict:
+    """run(name, round) for every name once per round, in an order rotating per round: {name: its results}."""
+    results = {name: [] for name in names}
+    for r in range(rounds):
+        for name in rotated(list(names), r):
+            results[name].append(run(name, r))
+    return results
+
+
 class Runner:
     """Runs the commands of a benchmark into <out>/bench.log, one record per run, a line printed each."""
 
@@ -156,8 +170,7 @@ class Runner:
         self.records: list[dict] = []
 
     def run(self, name: str, cmd: list[str], env: dict | None = None, first_step: Path | None = None) -> dict:
-        rec, _ = run_process(cmd, self.log, env=env, first_step=first_step)
-        rec = {"name": name, **rec}
+        rec = {"name": name, **run_process(cmd, self.log, env=env, first_step=first_step)[0]}
         self.records.append(rec)
         status = rec.get("error", "ok")
         print(f"  {name:34s} {rec['wall_s']:6.1f} s  load {rec['load1_before']:.1f}  {status}", flush=True)
@@ -176,9 +189,8 @@ class Runner:
         for r in range(rounds):
             print(f"{label} {r + 1}/{rounds}", flush=True)
             for name, fn in rotated(variants, r, step):
-                rec = fn(self)
-                rec.update(variant=name, round=r)
-                records.append(rec)
+                records.append(fn(self))
+                records[-1].update(variant=name, round=r)
         return records
 
 
@@ -195,6 +207,17 @@ def steady_tokens_per_s(train: list[dict], skip: int = 1) -> float | None:
     """The median tokens/s of the logged windows after the first `skip` (compilation, warm-up)."""
     rates = [r["tokens_per_s"] for r in train[skip:] if r.get("tokens_per_s")]
     return statistics.median(rates) if rates else None
+
+
+def lm_run(config: str, run_dir: Path, recipe: str, options: list[str], timeout: float) -> tuple:
+    """`accelerate launch` of src/train.py --config examples/<recipe> <options> into run_dir, its log beside it:
+    (record, output lines, train lines of metrics.jsonl, summary.json), the last two empty when it failed."""
+    fixed = ["--output-dir", str(run_dir), "--overwrite", "--no-progress"]
+    cmd = launch_cmd(config, TRAIN, "--config", str(ROOT / "examples" / recipe), *options, *fixed)
+    with (run_dir.parent / f"{run_dir.name}.log").open("w") as log:
+        rec, lines = run_process(cmd, log, timeout=timeout)
+    train, _, summary = read_run(run_dir) if "error" not in rec else ([], [], None)
+    return rec, lines, train, summary
 
 
 def cpu_name() -> str:
@@ -270,8 +293,7 @@ def mlp(hidden_sizes: list[int], features: int, classes: int):
 
 
 def plain_job(options: list[str]):
-    """For the plain loop, from trainer options: (settings, training inputs, targets, the registry's
-    model, lr_factor(step, total_steps)), seeded as the trainer seeds, the data loaded as it loads them."""
+    """For plain_loop.py, seeded and loaded as the trainer does: (settings, inputs, targets, model, lr_factor)."""
     import torch
 
     from anytrain.data import load_splits
@@ -294,8 +316,7 @@ def trainer_job(options: list[str]):
 
 
 def prepared_job(options: list[str], accelerator=None):
-    """For data_wait.py: (accelerator, model, optimizer prepared by it, settings, loader(workers, pin,
-    persistent) of the training split through anytrain.data.make_loader, unprepared)."""
+    """For data_wait.py: (accelerator, model and optimizer prepared, settings, loader(workers, pin, persistent))."""
     import torch
 
     from anytrain.data import load_splits, make_loader
@@ -317,13 +338,6 @@ def prepared_job(options: list[str], accelerator=None):
     return accelerator, model, optimizer, settings(cfg), loader
 
 
-def stage_devices(use_cpu: bool | None):
-    """anytrain.model_parallel's placement: (first device, second device, why)."""
-    from anytrain.model_parallel import pick_devices
-
-    return pick_devices(use_cpu=use_cpu)
-
-
 def two_stages(model, devices, micro_batches: int | None = None):
     """The model split in two stages (anytrain.model_parallel): naive, or pipelined over micro-batches."""
     from anytrain.model_parallel import PipelinedTwoStageModel, TwoStageModel
@@ -331,3 +345,10 @@ def two_stages(model, devices, micro_batches: int | None = None):
     if micro_batches is None:
         return TwoStageModel(model, devices=devices)
     return PipelinedTwoStageModel(model, micro_batches=micro_batches, devices=devices)
+
+
+def stage_devices(use_cpu: bool | None):
+    """anytrain.model_parallel's placement: (first device, second device, why)."""
+    from anytrain.model_parallel import pick_devices
+
+    return pick_devices(use_cpu=use_cpu)

@@ -1,11 +1,7 @@
 """The job through the Hugging Face Trainer, written as its docs show: the data through
 `datasets.load_dataset` in torch format, a module that returns the loss when given labels,
 TrainingArguments with an evaluation and a checkpoint at every epoch end, then `evaluate` on test.
-
-    python benchmarks/peers/hf_trainer_job.py --data DIR --json OUT --out DIR   (pip install -e ".[peers]")
-"""
-
-from __future__ import annotations
+`python hf_trainer_job.py --data DIR --json OUT --out DIR`"""
 
 import time
 
@@ -43,47 +39,23 @@ def main() -> None:
     data = datasets.load_dataset("parquet", data_files=files).rename_column("label", "labels").with_format("torch")
     features = data["train"][:]["features"]  # the whole column as one tensor
     model = Classifier(job.build_model(features))
+    batch = dict(per_device_train_batch_size=job.BATCH, per_device_eval_batch_size=job.BATCH, dataloader_num_workers=0)
+    recipe = dict(num_train_epochs=job.EPOCHS, learning_rate=job.LR, lr_scheduler_type="constant", warmup_steps=0)
+    recipe.update(weight_decay=job.WEIGHT_DECAY, max_grad_norm=job.MAX_GRAD_NORM, optim="adamw_torch_fused")
+    every_epoch = dict(eval_strategy="epoch", save_strategy="epoch", save_total_limit=2)
+    logs = dict(logging_steps=job.LOG_EVERY, report_to="none", disable_tqdm=True)
     training_args = TrainingArguments(
-        output_dir=args.out,
-        per_device_train_batch_size=job.BATCH,
-        per_device_eval_batch_size=job.BATCH,
-        num_train_epochs=job.EPOCHS,
-        learning_rate=job.LR,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=job.WEIGHT_DECAY,
-        max_grad_norm=job.MAX_GRAD_NORM,
-        optim="adamw_torch_fused",
-        eval_strategy="epoch",
-        save_strategy="epoch",
-        save_total_limit=2,
-        logging_steps=job.LOG_EVERY,
-        report_to="none",
-        disable_tqdm=True,
-        use_cpu=True,
-        seed=job.SEED,
-        dataloader_num_workers=0,
+        output_dir=args.out, use_cpu=True, seed=job.SEED, **batch, **recipe, **every_epoch, **logs
     )
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=data["train"],
-        eval_dataset=data["validation"],
-        compute_metrics=accuracy,
-    )
+    data_args = dict(train_dataset=data["train"], eval_dataset=data["validation"], compute_metrics=accuracy)
+    trainer = Trainer(model=model, args=training_args, **data_args)
     loop_start = time.perf_counter()
     trainer.train()
     loop_s = time.perf_counter() - loop_start
     val_acc = [r["eval_accuracy"] for r in trainer.state.log_history if "eval_accuracy" in r][-1]
     test = trainer.evaluate(data["test"], metric_key_prefix="test")
-    job.write_result(
-        args.json,
-        loop_start=loop_start,
-        loop_s=loop_s,
-        steps=trainer.state.global_step,
-        val_accuracy=val_acc,
-        test_accuracy=test["test_accuracy"],
-    )
+    steps, test_acc = trainer.state.global_step, test["test_accuracy"]
+    job.write_result(args.json, loop_start, loop_s, steps, val_acc, test_acc)
 
 
 if __name__ == "__main__":

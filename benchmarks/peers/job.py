@@ -1,19 +1,11 @@
-"""The job every trainer in the peers benchmark runs: the same data, model, optimizer and schedule.
+"""The job every trainer in the peers benchmark runs: the same data, model, optimizer, schedule (no anytrain in it).
 
 MLP 784-1024-1024-10 (first layer: standardise with the training split's mean/std, as anytrain's
 tabular models do), batch 256, AdamW (lr 1e-3, weight decay 0.1 on weight matrices only, the fused
 CPU kernel everywhere), constant LR without warm-up, gradient norm clipped to 1.0, no dropout, fp32,
 16,000 training rows x 5 epochs, a validation pass (loss and accuracy, 4,000 rows) after every
 epoch, a test pass (4,000 rows) at the end, the training loss logged every 10 steps.
-
-The data are Gaussian clusters written once as parquet files (train/validation/test), which each
-trainer reads the way its users would: anytrain with `--dataset <folder>`, the HF Trainer through
-`datasets.load_dataset`, the plain loop and Lightning straight from pyarrow into tensors.
-
-This file imports only torch, numpy and pyarrow: the peers' scripts do not depend on anytrain.
-"""
-
-from __future__ import annotations
+"""  # the second paragraph is the job's description in docs/benchmarks.md's table 6
 
 import time
 
@@ -52,7 +44,8 @@ def arguments(out_help: str | None = None) -> argparse.Namespace:
 
 
 def write_data(folder: Path) -> Path:
-    """train/validation/test.parquet: a 784-float 'features' list column and an int 'label'."""
+    """train/validation/test.parquet: Gaussian clusters, a 784-float 'features' list column and an int 'label',
+    which each trainer reads as its users would (anytrain --dataset, the HF Trainer datasets, the others pyarrow)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
     centres = 0.15 * rng.standard_normal((CLASSES, FEATURES)).astype(np.float32)  # overlapping: not solved in 1 epoch
@@ -62,9 +55,8 @@ def write_data(folder: Path) -> Path:
         labels = rng.integers(0, CLASSES, rows)
         features = centres[labels] + 1.5 * rng.standard_normal((rows, FEATURES)).astype(np.float32)
         column = pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), FEATURES)
-        pq.write_table(
-            pa.table({"features": column, "label": pa.array(labels, pa.int64())}), folder / f"{split}.parquet"
-        )
+        table = pa.table({"features": column, "label": pa.array(labels, pa.int64())})
+        pq.write_table(table, folder / f"{split}.parquet")
     return folder
 
 
@@ -104,7 +96,8 @@ def optimizer(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=LR, fused=True)
 
 
-def write_result(path: str, **figures) -> None:
-    """What each script reports as JSON: loop_s (the epochs: training, validations, checkpoints),
-    process_to_loop_s (this process's start to the loop), the validation and test accuracy reached."""
-    Path(path).write_text(json.dumps({"process_to_loop_s": figures.pop("loop_start") - T0, **figures}))
+def write_result(path: str, loop_start: float, loop_s: float, steps: int, val_accuracy, test_accuracy, **extra) -> None:
+    """What each script reports as JSON: process_to_loop_s (this process's start to the loop), loop_s (the epochs:
+    training, validations, checkpoints), the optimizer steps, the validation and test accuracy reached."""
+    figures = {"process_to_loop_s": loop_start - T0, "loop_s": loop_s, "steps": steps, "val_accuracy": val_accuracy}
+    Path(path).write_text(json.dumps({**figures, "test_accuracy": test_accuracy, **extra}))

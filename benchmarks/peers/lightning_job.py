@@ -1,11 +1,6 @@
 """The job through PyTorch Lightning, written as its docs show: a LightningModule, DataLoaders over
 TensorDatasets, `Trainer.fit` (its defaults: a checkpoint at every epoch end, the TensorBoard or CSV
-logger), then `Trainer.test`.
-
-    python benchmarks/peers/lightning_job.py --data DIR --json OUT     (pip install -e ".[peers]")
-"""
-
-from __future__ import annotations
+logger), then `Trainer.test`. `python lightning_job.py --data DIR --json OUT --out DIR`"""
 
 import time
 
@@ -54,30 +49,15 @@ def main() -> None:
     model = Classifier(job.build_model(x))
     train = DataLoader(TensorDataset(x, y), batch_size=job.BATCH, shuffle=True)
     val = DataLoader(TensorDataset(vx, vy), batch_size=job.BATCH)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=job.EPOCHS,
-        gradient_clip_val=job.MAX_GRAD_NORM,
-        log_every_n_steps=job.LOG_EVERY,
-        num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=args.out,
-    )
+    quiet = dict(num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False)
+    recipe = dict(max_epochs=job.EPOCHS, gradient_clip_val=job.MAX_GRAD_NORM, log_every_n_steps=job.LOG_EVERY)
+    trainer = L.Trainer(accelerator="cpu", devices=1, default_root_dir=args.out, **recipe, **quiet)
     loop_start = time.perf_counter()
     trainer.fit(model, train, val)
     loop_s = time.perf_counter() - loop_start
     val_acc = trainer.callback_metrics["val_accuracy"].item()
     test = trainer.test(model, DataLoader(TensorDataset(tx, ty), batch_size=job.BATCH), verbose=False)[0]
-    job.write_result(
-        args.json,
-        loop_start=loop_start,
-        loop_s=loop_s,
-        steps=trainer.global_step,
-        val_accuracy=val_acc,
-        test_accuracy=test["test_accuracy"],
-    )
+    job.write_result(args.json, loop_start, loop_s, trainer.global_step, val_acc, test["test_accuracy"])
 
 
 if __name__ == "__main__":

@@ -1,10 +1,5 @@
-"""The job as a hand-written PyTorch loop: preloaded tensors, one fancy-index per batch, no
-checkpoints (nothing to resume from: the limit a trainer is measured against).
-
-    python benchmarks/peers/plain.py --data DIR --json OUT
-"""
-
-from __future__ import annotations
+"""The job as a hand-written PyTorch loop: preloaded tensors, one fancy-index per batch, no checkpoints
+(nothing to resume from: the limit a trainer is measured against). `python plain.py --data DIR --json OUT`"""
 
 import time
 
@@ -58,15 +53,7 @@ def main() -> None:
         print(f"epoch {epoch}: val_loss {val_loss:.4f}, val_accuracy {val_acc:.4f}", flush=True)
     loop_s = time.perf_counter() - loop_start
     _, test_acc = evaluate(model, tx, ty)
-    job.write_result(
-        args.json,
-        loop_start=loop_start,
-        loop_s=loop_s,
-        steps=step,
-        val_accuracy=val_acc,
-        test_accuracy=test_acc,
-        last_loss=losses[-1],
-    )
+    job.write_result(args.json, loop_start, loop_s, step, val_acc, test_acc, last_loss=losses[-1])
 
 
 if __name__ == "__main__":
