@@ -6,7 +6,9 @@
 One JSON line per row: the row index, the predicted class id, its name when the training labels
 had names (strings or a ClassLabel), its probability, and the true label when the file has the
 run's label column. The file is read like training data (`datasets`: parquet, csv, json/jsonl, a
-save_to_disk folder); it must hold the run's input columns, saved with the weights.
+save_to_disk folder); it must hold the run's input columns, saved with the weights. A text run's
+texts are tokenised by the run's own tokenizer (a BPE's tokenizer.json beside the weights) and
+truncated to its --max-length.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from .config import ConfigError, OneLineParser
 from .files import write_atomically
 from .outputs import load_model, read_weights_metadata, weights_file
+from .shape import DataShape
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +86,45 @@ def read_images(dataset: str, columns: list[str], meta: dict) -> tuple[torch.Ten
     )
 
 
+def read_texts(dataset: str, columns: list[str], meta: dict, folder: Path, max_length: int):
+    """The run's text column, tokenised as in training (the run's tokenizer, its --max-length), as rows
+    whose batches are padded to their longest text."""
+    from .data import _load_raw, _named_splits
+    from .data.textcls import TokenRows, check_texts, encode_texts, texts_of
+    from .tasks import vocab_of
+
+    raw, source = _load_raw(dataset)
+    splits = _named_splits(raw)
+    ds = splits.get("test", splits["train"]) if len(splits) > 1 else splits["train"]
+    check_texts(ds, columns[0], source, "predict")
+    tokens, offsets, _ = encode_texts(vocab_of(meta, folder), texts_of(ds, columns[0]), max_length)
+    return TokenRows(tokens, offsets, torch.zeros(len(ds), dtype=torch.long)), ds, source
+
+
+def read_inputs(dataset: str, meta: dict, weights: Path):
+    """(inputs to classify, the file's split, its name): rows of numbers, images or texts, as the run was trained on."""
+    columns = json.loads(meta["input_columns"])
+    if "image_look" in meta:
+        return read_images(dataset, columns, meta)
+    shape = DataShape.from_json(meta["data_shape"]) if "data_shape" in meta else None
+    if shape is not None and shape.kind == "tokens":
+        return read_texts(dataset, columns, meta, weights.parent, shape.max_length)
+    features, ds, source = read_rows(dataset, columns)
+    if "num_features" in meta and features.shape[1] != int(meta["num_features"]):
+        raise ConfigError(
+            f"--dataset: {source} gives {features.shape[1]} features per row; the run was trained on "
+            f"{meta['num_features']}"
+        )
+    return features, ds, source
+
+
+def in_batches(inputs, batch_size: int):
+    """Tensors sliced; texts (TokenRows) padded per batch."""
+    for i in range(0, len(inputs), batch_size):
+        batch = range(i, min(i + batch_size, len(inputs)))
+        yield inputs[i : i + batch_size] if isinstance(inputs, torch.Tensor) else inputs.__getitems__(list(batch))[0]
+
+
 def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
     weights = weights_file(run_dir)
     _, cfg, meta = read_weights_metadata(weights)
@@ -92,19 +134,11 @@ def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
         raise ConfigError(
             f"run_dir: no input columns were saved with {run_dir} (trained on generated data, or by an older anytrain)"
         )
-    columns = json.loads(meta["input_columns"])
     names = json.loads(meta["class_names"]) if "class_names" in meta else None
-    features, ds, source = read_images(dataset, columns, meta) if "image_look" in meta else read_rows(dataset, columns)
-    if "num_features" in meta and features.shape[1] != int(meta["num_features"]):
-        raise ConfigError(
-            f"--dataset: {source} gives {features.shape[1]} features per row; the run was trained on "
-            f"{meta['num_features']}"
-        )
+    inputs, ds, _ = read_inputs(dataset, meta, weights)
     model = load_model(weights)
     with torch.no_grad():
-        probs = torch.cat(
-            [model(features[i : i + batch_size]).float().softmax(-1) for i in range(0, len(features), batch_size)]
-        )
+        probs = torch.cat([model(batch).float().softmax(-1) for batch in in_batches(inputs, batch_size)])
     best, ids = probs.max(-1)
     labels = ds[cfg.data.label_column] if cfg.data.label_column in ds.column_names else None
     rows = []

@@ -3,7 +3,8 @@
 The loop in trainer.py is the same for both. A batch is `(inputs, targets)`, the model maps
 inputs to logits, and the loss is cross-entropy of the logits against the targets:
 
-- classify: inputs are feature rows, targets one class id per sample, logits (batch, classes);
+- classify: inputs are feature rows, images, or texts as token ids padded to the batch's longest
+  (data/textcls.py), targets one class id per sample, logits (batch, classes);
 - lm: inputs are windows of block_size token ids, targets the same windows shifted by one
   token, logits (batch, block_size, vocabulary): next-token cross-entropy over every position.
 
@@ -80,11 +81,20 @@ class Task:
         """The shape of a run saved before data_shape was stored with the weights."""
         raise NotImplementedError
 
+    def run_files(self, data) -> dict:
+        """{name: text} the run folder needs besides the weights: a BPE run's tokenizer.json."""
+        vocab = getattr(data, "vocab", None)
+        return vocab.files() if vocab is not None else {}
+
 
 class Classification(Task):
     name = "classify"
 
     def load_data(self, cfg: TrainConfig, given=None):
+        if cfg.data.text_column:  # text to classify
+            from .data.textcls import load_text_class_splits
+
+            return load_text_class_splits(cfg, given)
         from .data import load_splits
 
         return load_splits(cfg, given)
@@ -111,6 +121,8 @@ class Classification(Task):
             extra["image_look"] = json.dumps(
                 {"mode": look.mode, "size": look.size, "mean": look.mean.tolist(), "std": look.std.tolist()}
             )
+        elif shape.kind == "tokens":  # and to tokenise new texts the same way (max_length is in the shape)
+            extra["vocab"] = data.vocab.to_json()
         else:
             extra["num_features"] = str(data.num_features)
         return {"data_shape": shape.to_json(), "num_classes": str(data.num_classes), **extra}
@@ -160,8 +172,9 @@ def get_task(cfg: TrainConfig) -> Task:
     return TASKS[cfg.data.task]
 
 
-def vocab_of(meta: dict):
-    """The vocabulary saved with a language model's weights (None for a classifier)."""
-    from .data.text import Vocab
+def vocab_of(meta: dict, folder):
+    """The tokenizer saved with a text run's weights (a BPE's tokenizer.json is in `folder`, beside
+    them); None for a run on numbers or images."""
+    from .data.tokenizer import read_tokenizer
 
-    return Vocab.from_json(meta["vocab"]) if "vocab" in meta else None
+    return read_tokenizer(meta["vocab"], folder) if "vocab" in meta else None
