@@ -121,8 +121,10 @@ def read_inputs(dataset: str, meta: dict, weights: Path):
 def in_batches(inputs, batch_size: int):
     """Tensors sliced; texts (TokenRows) padded per batch."""
     for i in range(0, len(inputs), batch_size):
-        batch = range(i, min(i + batch_size, len(inputs)))
-        yield inputs[i : i + batch_size] if isinstance(inputs, torch.Tensor) else inputs.__getitems__(list(batch))[0]
+        if isinstance(inputs, torch.Tensor):
+            yield inputs[i : i + batch_size]
+        else:
+            yield inputs.__getitems__(list(range(i, min(i + batch_size, len(inputs)))))[0]
 
 
 def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
