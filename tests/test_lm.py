@@ -120,7 +120,7 @@ def test_byte_vocabulary_is_the_fallback_for_unknown_alphabets(tmp_path):
     data = load_text_splits(TrainConfig(dataset=str(tmp_path / "t.txt"), block_size=8))
     assert data.vocab.kind == "byte" and data.vocab.size == 256
     assert data.vocab.decode(np.concatenate([data.train.tokens, data.validation.tokens])) == text
-    with pytest.raises(ConfigError, match="--vocab char: the training text lacks characters"):
+    with pytest.raises(ConfigError, match="--tokenizer char: the training text lacks characters"):
         load_text_splits(TrainConfig(dataset=str(tmp_path / "t.txt"), block_size=8, vocab="char"))
     assert load_text_splits(TrainConfig(dataset="shakespeare", vocab="byte")).vocab.kind == "byte"
 

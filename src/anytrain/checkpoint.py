@@ -189,10 +189,12 @@ def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path) -> None:
     """Only options marked resumable (how long or how verbosely the run goes on, not the model, the
     data or the optimisation so far) may differ between a checkpoint and the run resuming it."""
     saved, current = saved_options(saved), cfg.flat()
-    if cfg.data.task == "lm" and cfg.data.block_size > saved.get("block_size", cfg.data.block_size):
+    positions = "block_size" if cfg.data.task == "lm" else "max_length" if cfg.data.text_column else None
+    if positions and current[positions] > saved.get(positions, current[positions]):
+        flag = OPTIONS[positions].flag
         raise ConfigError(
-            f"--block-size {cfg.data.block_size} is beyond the positional table of the model in {checkpoint} "
-            f"({saved['block_size']} positions); resume with --block-size {saved['block_size']}"
+            f"{flag} {current[positions]} is beyond the positional table of the model in {checkpoint} "
+            f"({saved[positions]} positions); resume with {flag} {saved[positions]}"
         )
     differing = sorted(k for k in current if not OPTIONS[k].resumable and saved.get(k) != current[k])
     if differing:

@@ -46,10 +46,19 @@ def first_line(e: BaseException) -> str:
 POSITIVE, NON_NEGATIVE, UNIT = "(0, inf)", "[0, inf)", "[0, 1)"  # the usual bounds
 
 
-def option(default, help: str, *, choices=(), bounds: str = "", resumable=False, model_parallel=False, flag=""):
-    """A section field with its facts. bounds is an interval: '(0, inf)', '[0, 1)', '(0, 1]' ..."""
+def option(
+    default, help: str, *, choices=(), bounds: str = "", resumable=False, model_parallel=False, flag="", aliases=()
+):
+    """A section field with its facts. bounds is an interval: '(0, inf)', '[0, 1)', '(0, 1]' ...
+    aliases: earlier names of the option, still accepted as flags, YAML keys and keywords."""
     facts = dict(
-        help=help, choices=tuple(choices), bounds=bounds, resumable=resumable, model_parallel=model_parallel, flag=flag
+        help=help,
+        choices=tuple(choices),
+        bounds=bounds,
+        resumable=resumable,
+        model_parallel=model_parallel,
+        flag=flag,
+        aliases=tuple(aliases),
     )
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=facts)
@@ -113,12 +122,10 @@ class DataConfig:
     synthetic_samples: int = option(20000, "rows of the 'synthetic' dataset", bounds=POSITIVE, model_parallel=True)
     synthetic_features: int = option(64, "features of the 'synthetic' dataset", bounds=POSITIVE, model_parallel=True)
     synthetic_classes: int = option(10, "classes of the 'synthetic' dataset", bounds="[2, inf)", model_parallel=True)
-    text_column: str = option("", "lm: column holding the text of a parquet/json/csv/hub dataset (empty = 'text')")
-    vocab: str = option(
-        "auto",
-        "lm: char (the training text's characters), byte (UTF-8 bytes, 256 tokens) or auto (char when "
-        "the training alphabet has at most 256 characters and covers the validation text)",
-        choices=("auto", "char", "byte"),
+    text_column: str = option(
+        "",
+        "the text column of a parquet/json/csv/hub dataset: with --label-column the text is classified, alone it "
+        "is modelled (lm; for lm, empty = 'text')",
     )
     block_size: int = option(
         64, "lm: context length in tokens (each training window holds block_size + 1 tokens)", bounds=POSITIVE
@@ -147,6 +154,24 @@ class DataConfig:
     persistent_workers: bool = option(
         False, "keep DataLoader workers alive between epochs (needs num_workers > 0)", resumable=True
     )
+    tokenizer: str = option(
+        "auto",
+        "text: char (the training text's characters), byte (UTF-8 bytes, 256 tokens), bpe (byte-level BPE "
+        "trained on the training split, --vocab-size tokens, saved as tokenizer.json) or auto: for lm char when "
+        "the training alphabet has at most 256 characters and covers the validation text, else byte; to "
+        "classify text bpe (at most --vocab-size tokens). --vocab is its earlier name",
+        choices=("auto", "char", "byte", "bpe"),
+        aliases=("vocab",),
+    )
+    vocab_size: int = option(
+        2000, "--tokenizer bpe: tokens in the vocabulary (the 256 bytes plus learned merges)", bounds="[256, inf)"
+    )
+    max_length: int = option(
+        256,
+        "text classification: tokens kept of each text (longer ones are truncated); also the encoder's "
+        "positions. Batches are padded to their longest text",
+        bounds=POSITIVE,
+    )
 
 
 @dataclass
@@ -155,13 +180,14 @@ class ModelConfig:
 
     name: str = option(
         "auto",
-        "the model: mlp, cnn, resnet (classify; resnet needs images) or gpt (lm) from the registry, or "
-        "your own factory as package.module:function or path/to/file.py:function (README: 'Your own model and "
-        "data'); auto = mlp for tables, resnet for images, gpt for text",
+        "the model: mlp, cnn, resnet (classify; resnet needs images), encoder or bag (text classification) or "
+        "gpt (lm) from the registry, or your own factory as package.module:function or path/to/file.py:function "
+        "(README: 'Your own model and data'); auto = mlp for tables, resnet for images, bag for text to "
+        "classify, gpt for text to model",
         model_parallel=True,
         flag="model",
     )
-    hidden_sizes: list[int] = option([256, 256], "MLP hidden layer widths", bounds=POSITIVE, model_parallel=True)
+    hidden_sizes: list[int] = option([256, 256], "mlp, bag: hidden layer widths", bounds=POSITIVE, model_parallel=True)
     channels: list[int] = option(
         [16, 32],
         "cnn: conv channels (tabular inputs must form a square image); resnet: the width of each stage",
@@ -171,12 +197,12 @@ class ModelConfig:
     blocks_per_stage: int = option(
         2, "resnet: residual blocks per stage (--channels 16 32 64 --blocks-per-stage 3 is ResNet-20)", bounds=POSITIVE
     )
-    n_layer: int = option(4, "gpt: transformer blocks", bounds=POSITIVE)
-    n_head: int = option(4, "gpt: attention heads per block (must divide n_embd)", bounds=POSITIVE)
-    n_embd: int = option(128, "gpt: embedding width", bounds=POSITIVE)
+    n_layer: int = option(4, "gpt, encoder: transformer blocks", bounds=POSITIVE)
+    n_head: int = option(4, "gpt, encoder: attention heads per block (must divide n_embd)", bounds=POSITIVE)
+    n_embd: int = option(128, "gpt, encoder, bag: embedding width", bounds=POSITIVE)
     dropout: float = option(
         0.2,
-        "dropout after each hidden layer (gpt: on embeddings, attention and residuals)",
+        "dropout after each hidden layer (gpt, encoder: on embeddings, attention and residuals)",
         bounds=UNIT,
         model_parallel=True,
     )
@@ -349,6 +375,7 @@ class Option:
     bounds: str
     resumable: bool
     model_parallel: bool
+    aliases: tuple
 
     @property
     def flag(self) -> str:
@@ -368,8 +395,14 @@ def _options() -> dict[str, Option]:
 
 
 OPTIONS = _options()  # by option name, in section order
+ALIASES = {alias: o.name for o in OPTIONS.values() for alias in o.aliases}  # an earlier name -> the option's name
+# models.REGISTRY, by what they learn: tables or images (any labelled task), text to classify, text to model
 LABELLED = ("mlp", "cnn", "resnet")
-REGISTRY_MODELS = {"auto": LABELLED, "classify": LABELLED, "regress": LABELLED, "multilabel": LABELLED, "lm": ("gpt",)}
+REGISTRY_MODELS = {
+    **{task: LABELLED for task in ("auto", "classify", "regress", "multilabel")},
+    "classify text": ("encoder", "bag"),
+    "lm": ("gpt",),
+}
 LABELLED_TEXT = {"shakespeare-speakers": ("text", "speaker")}  # bundled text-classification sets: (text, label) columns
 
 
@@ -387,6 +420,7 @@ class TrainConfig:
     def __init__(self, **values):
         sections: dict[str, dict] = {name: {} for name in SECTIONS}
         for key, value in values.items():
+            key = ALIASES.get(key, key)
             if key in SECTIONS and not (key == "model" and isinstance(value, str)):
                 sections[key].update(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value)
             elif key in OPTIONS:
@@ -501,7 +535,8 @@ def add_options(parser: argparse.ArgumentParser, options, defaults: bool) -> Non
             kwargs["type"] = o.kind
             if o.choices:
                 kwargs["choices"] = o.choices
-        groups[o.section].add_argument(o.flag, dest=o.name, **kwargs)
+        aliases = ["--" + alias.replace("_", "-") for alias in o.aliases]
+        groups[o.section].add_argument(o.flag, *aliases, dest=o.name, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -552,8 +587,9 @@ def options_from(data: dict, source: str) -> dict:
     flat: dict = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
+        name = ALIASES.get(name, name)
         if name in SECTIONS and isinstance(value, dict):
-            fields = {o.field: o.name for o in OPTIONS.values() if o.section == name}
+            fields = section_fields(name)
             for inner, inner_value in value.items():
                 inner_name = str(inner).replace("-", "_")
                 if inner_name not in fields:
@@ -604,12 +640,19 @@ def saved_options(saved: dict) -> dict:
     metadata): sectioned, or flat from runs saved before sections; unknown options are left out."""
     known = {}
     for key, value in saved.items():
+        key = ALIASES.get(key, key)
         if key in SECTIONS and isinstance(value, dict):
-            fields = {o.field: o.name for o in OPTIONS.values() if o.section == key}
+            fields = section_fields(key)
             known.update({fields[k]: v for k, v in value.items() if k in fields})
         elif key in OPTIONS:
             known[key] = value
     return known
+
+
+def section_fields(section: str) -> dict:
+    """{field name or an alias of it: option name} of one section."""
+    fields = {o.field: o.name for o in OPTIONS.values() if o.section == section}
+    return {**{alias: name for alias, name in ALIASES.items() if OPTIONS[name].section == section}, **fields}
 
 
 def save_config(cfg: TrainConfig, path: Path) -> None:
@@ -660,11 +703,13 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"--min-lr ({optim.min_lr}) must not exceed --lr ({optim.lr})")
     if model.n_embd % model.n_head:
         raise ConfigError(f"--n-head ({model.n_head}) must divide --n-embd ({model.n_embd})")
-    models = REGISTRY_MODELS[data.task]
+    learns = "classify text" if data.task in ("classify", "auto") and data.text_column else data.task
+    models = REGISTRY_MODELS[learns]
     if ":" not in model.name and model.name not in (*models, "auto"):
-        known = (*LABELLED, "gpt")
+        known = (*LABELLED, "encoder", "bag", "gpt")
         if model.name in known:
-            raise ConfigError(f"--model {model.name} does not fit --task {data.task} (choose {' or '.join(models)})")
+            fits = {"classify text": "--task classify with --text-column"}.get(learns, f"--task {learns}")
+            raise ConfigError(f"--model {model.name} does not fit {fits} (choose {' or '.join(models)})")
         raise ConfigError(
             f"--model: unknown model '{model.name}' (choose {', '.join(known)}, or give your own as "
             "module:factory or file.py:factory)"
@@ -679,10 +724,10 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"--loss {optim.loss} is a regression loss; --task {data.task} has its own (--loss auto)")
     if optim.loss not in ("auto", "mse", "huber") and ":" not in optim.loss:
         raise ConfigError(f"--loss: unknown loss '{optim.loss}' (choose auto, mse, huber, or your own as module:fn)")
-    if data.streaming and data.task not in ("classify", "auto"):
+    if data.streaming and (data.task not in ("classify", "auto") or data.text_column):
         raise ConfigError(
-            "--streaming reads classification data (tables of numbers or images); language-model text is "
-            "tokenised into memory-mapped files instead"
+            "--streaming reads classification data (tables of numbers or images); text is tokenised first instead "
+            "(into memory, or memory-mapped files for language models)"
         )
     if data.persistent_workers and data.num_workers == 0:
         raise ConfigError("--persistent-workers needs --num-workers > 0")

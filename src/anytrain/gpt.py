@@ -19,22 +19,28 @@ from torch import nn
 INIT_STD = 0.02  # GPT-2's initialisation scale for every Linear and Embedding weight
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention in which position t only sees positions <= t."""
+class SelfAttention(nn.Module):
+    """Multi-head self-attention. Causal (the GPT): position t only sees positions <= t. Not causal
+    (the text encoder): every position sees every real token, as `mask` (batch, T; True = a real
+    token) says; padding is never attended to."""
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, causal: bool = True):
         super().__init__()
         self.n_head = n_head
         self.dropout = dropout
+        self.causal = causal
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=False)  # queries, keys and values in one matmul
         self.proj = nn.Linear(n_embd, n_embd, bias=False)  # residual output projection
         self.resid_drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         # (B, T, 3C) -> three tensors of shape (B, n_head, T, head_dim)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        keys = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T): which keys each query may see
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keys, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0
+        )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads back side by side
         return self.resid_drop(self.proj(y))
 
@@ -54,18 +60,36 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)). causal=False with a
+    padding mask is the text encoder's block (textmodels.py)."""
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, causal: bool = True):
         super().__init__()
         self.ln1 = nn.LayerNorm(n_embd, bias=False)
-        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
+        self.attn = SelfAttention(n_embd, n_head, dropout, causal)
         self.ln2 = nn.LayerNorm(n_embd, bias=False)
         self.mlp = MLP(n_embd, dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), mask)
         return x + self.mlp(self.ln2(x))
+
+
+def init_weights(model: nn.Module, blocks: nn.ModuleList) -> None:
+    """GPT-2's initialisation: N(0, 0.02) for Linear and Embedding weights, LayerNorm weights 1, Linear
+    biases 0. The two projections that write into the residual stream get std 0.02 / sqrt(2 * layers),
+    so that the variance added by the 2 * layers residual branches does not grow with depth."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+    residual_std = INIT_STD / math.sqrt(2 * len(blocks))
+    for block in blocks:
+        nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
+        nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
 
 
 class GPT(nn.Module):
@@ -97,21 +121,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd, bias=False)
-        self._init_weights()
-
-    def _init_weights(self) -> None:
-        """N(0, 0.02) for Linear and Embedding weights, LayerNorm weights 1. The two projections that
-        write into the residual stream get std 0.02 / sqrt(2 * n_layer), so that the variance added by
-        the 2 * n_layer residual branches does not grow with depth."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-        residual_std = INIT_STD / math.sqrt(2 * self.n_layer)
-        for block in self.blocks:
-            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+        init_weights(self, self.blocks)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> logits (B, T, vocab_size) for the token after each position."""

@@ -1,4 +1,4 @@
-"""The model registry (`--model mlp|cnn|resnet|gpt`) and the factories behind it. Every factory
+"""The model registry (`--model mlp|cnn|resnet|encoder|bag|gpt`) and the factories behind it. Every factory
 has the signature a user's `--model module:factory` has: `factory(model, shape) -> nn.Module`,
 with the config's model section (config.ModelConfig) and the data's shape (shape.py says what
 the module receives and returns).
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .config import ConfigError, ModelConfig
-from .gpt import build_gpt
+from .gpt import Block, build_gpt, init_weights
 from .shape import DataShape
 
 
@@ -137,4 +137,74 @@ def build_resnet(model: ModelConfig, shape: DataShape) -> nn.Sequential:
     return nn.Sequential(*layers, nn.Linear(width, shape.num_classes))
 
 
-REGISTRY = {"mlp": build_mlp, "cnn": build_cnn, "resnet": build_resnet, "gpt": build_gpt}
+# --------------------------------------------------------------------------- text classification
+# Both take the "tokens" shape (shape.py): int64 ids (batch, T), each row a text padded at its end with
+# shape.pad_id to the batch's longest. Padding never reaches a result: the encoder never attends to a
+# padded key and pools real tokens only, EmbeddingBag leaves the pad id out of its mean. A text's logits
+# are the same whatever the batch pads it to, which is what lets 1 and 2 ranks, and accumulation, agree.
+
+
+class Encoder(nn.Module):
+    """Token + learned position embeddings, the GPT's pre-norm blocks without the causal mask, a final
+    LayerNorm, the mean over each text's real tokens, and a linear layer to the classes."""
+
+    def __init__(self, model: ModelConfig, shape: DataShape):
+        super().__init__()
+        self.pad_id, self.max_length = shape.pad_id, shape.max_length
+        self.tok_emb = nn.Embedding(shape.vocab_size, model.n_embd)
+        self.pos_emb = nn.Embedding(shape.max_length, model.n_embd)
+        self.drop = nn.Dropout(model.dropout)
+        self.blocks = nn.ModuleList(
+            Block(model.n_embd, model.n_head, model.dropout, causal=False) for _ in range(model.n_layer)
+        )
+        self.ln_f = nn.LayerNorm(model.n_embd, bias=False)
+        self.head = nn.Linear(model.n_embd, shape.num_classes)
+        init_weights(self, self.blocks)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        T = ids.size(1)
+        if T > self.max_length:
+            raise ValueError(f"{T} tokens exceed the encoder's {self.max_length} positions")
+        mask = ids != self.pad_id  # (B, T): True at real tokens
+        x = self.drop(self.tok_emb(ids) + self.pos_emb(torch.arange(T, device=ids.device)))
+        for block in self.blocks:
+            x = block(x, mask)
+        real = mask.unsqueeze(-1).to(x.dtype)
+        pooled = (self.ln_f(x) * real).sum(1) / real.sum(1).clamp(min=1)  # the mean over real tokens only
+        return self.head(pooled)
+
+
+def build_encoder(model: ModelConfig, shape: DataShape) -> Encoder:
+    """The registry's `--model encoder`: --n-layer blocks of --n-embd width and --n-head heads,
+    --dropout, and --max-length positions."""
+    return Encoder(model, shape)
+
+
+class Bag(nn.Module):
+    """The mean of a text's token embeddings (nn.EmbeddingBag, which skips the pad id), then the
+    --hidden-sizes layers and a linear layer to the classes: a deep averaging network. Word order is
+    not seen, so it is fast and a baseline."""
+
+    def __init__(self, model: ModelConfig, shape: DataShape):
+        super().__init__()
+        self.embed = nn.EmbeddingBag(shape.vocab_size, model.n_embd, mode="mean", padding_idx=shape.pad_id)
+        layers, width = hidden_layers(model, model.n_embd)
+        self.classify = nn.Sequential(*layers, nn.Linear(width, shape.num_classes))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.embed(ids))
+
+
+def build_bag(model: ModelConfig, shape: DataShape) -> Bag:
+    """The registry's `--model bag`: --n-embd wide embeddings, --hidden-sizes, --dropout."""
+    return Bag(model, shape)
+
+
+REGISTRY = {
+    "mlp": build_mlp,
+    "cnn": build_cnn,
+    "resnet": build_resnet,
+    "encoder": build_encoder,
+    "bag": build_bag,
+    "gpt": build_gpt,
+}

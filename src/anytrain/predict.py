@@ -8,7 +8,8 @@ its name when the training labels had names (strings or a ClassLabel) and its pr
 regressor's values in the targets' own units, by column name; a multi-label model's labels above its
 threshold with their probabilities. The true label follows when the file has the run's label column.
 The file is read like training data (`datasets`: parquet, csv, json/jsonl, a save_to_disk folder);
-it must hold the run's input columns, saved with the weights.
+it must hold the run's input columns, saved with the weights. A text run's texts are tokenised by
+the run's own tokenizer (a BPE's tokenizer.json beside the weights) and truncated to its --max-length.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from .config import ConfigError, OneLineParser
 from .files import write_atomically
 from .outputs import load_model, read_weights_metadata, weights_file
+from .shape import DataShape
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +87,47 @@ def read_images(dataset: str, columns: list[str], meta: dict) -> tuple[torch.Ten
     )
 
 
+def read_texts(dataset: str, columns: list[str], meta: dict, folder: Path, max_length: int):
+    """The run's text column, tokenised as in training (the run's tokenizer, its --max-length), as rows
+    whose batches are padded to their longest text."""
+    from .data import _load_raw, _named_splits
+    from .data.textcls import TokenRows, check_texts, encode_texts, texts_of
+    from .tasks import vocab_of
+
+    raw, source = _load_raw(dataset)
+    splits = _named_splits(raw)
+    ds = splits.get("test", splits["train"]) if len(splits) > 1 else splits["train"]
+    check_texts(ds, columns[0], source, "predict")
+    tokens, offsets, _ = encode_texts(vocab_of(meta, folder), texts_of(ds, columns[0]), max_length)
+    return TokenRows(tokens, offsets, torch.zeros(len(ds), dtype=torch.long)), ds, source
+
+
+def read_inputs(dataset: str, meta: dict, weights: Path):
+    """(inputs to classify, the file's split, its name): rows of numbers, images or texts, as the run was trained on."""
+    columns = json.loads(meta["input_columns"])
+    if "image_look" in meta:
+        return read_images(dataset, columns, meta)
+    shape = DataShape.from_json(meta["data_shape"]) if "data_shape" in meta else None
+    if shape is not None and shape.kind == "tokens":
+        return read_texts(dataset, columns, meta, weights.parent, shape.max_length)
+    features, ds, source = read_rows(dataset, columns)
+    if "num_features" in meta and features.shape[1] != int(meta["num_features"]):
+        raise ConfigError(
+            f"--dataset: {source} gives {features.shape[1]} features per row; the run was trained on "
+            f"{meta['num_features']}"
+        )
+    return features, ds, source
+
+
+def in_batches(inputs, batch_size: int):
+    """Tensors sliced; texts (TokenRows) padded per batch."""
+    for i in range(0, len(inputs), batch_size):
+        if isinstance(inputs, torch.Tensor):
+            yield inputs[i : i + batch_size]
+        else:
+            yield inputs.__getitems__(list(range(i, min(i + batch_size, len(inputs)))))[0]
+
+
 def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
     """One dict per row: its index, what the run's task predicts (tasks.py `predictions`: a class and its
     probability, values in the targets' units, or the labels above the threshold), and the true label."""
@@ -99,18 +142,10 @@ def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
         raise ConfigError(
             f"run_dir: no input columns were saved with {run_dir} (trained on generated data, or by an older anytrain)"
         )
-    columns = json.loads(meta["input_columns"])
-    features, ds, source = read_images(dataset, columns, meta) if "image_look" in meta else read_rows(dataset, columns)
-    if "num_features" in meta and features.shape[1] != int(meta["num_features"]):
-        raise ConfigError(
-            f"--dataset: {source} gives {features.shape[1]} features per row; the run was trained on "
-            f"{meta['num_features']}"
-        )
+    inputs, ds, _ = read_inputs(dataset, meta, weights)
     model = load_model(weights)
     with torch.no_grad():
-        outputs = torch.cat(
-            [logits_of(model(features[i : i + batch_size])) for i in range(0, len(features), batch_size)]
-        )
+        outputs = torch.cat([logits_of(model(batch)) for batch in in_batches(inputs, batch_size)])
     rows = [{"row": i, **row} for i, row in enumerate(get_task(cfg).predictions(outputs, meta))]
     labels = [c for c in label_columns(cfg) if c in ds.column_names]
     for label in labels:

@@ -3,8 +3,9 @@
     anytrain sample runs/shakespeare --prompt "ROMEO:" --tokens 300 --temperature 0.8 --top-k 40
     python -m anytrain.sample runs/shakespeare
 
-The vocabulary travels in model.safetensors' metadata with the weights, so the run folder (or the
-weights file alone) is all it needs.
+A character or byte vocabulary travels in model.safetensors' metadata with the weights, so the run
+folder (or the weights file alone) is all it needs; a BPE run's tokenizer.json is read from beside the
+weights.
 """
 
 from __future__ import annotations
@@ -74,13 +75,13 @@ def sample(
         raise ConfigError(
             f"run_dir: cannot read {weights}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from None
-    vocab = vocab_of(meta)
-    if vocab is None:
+    if cfg.data.task != "lm":
         raise ConfigError(
             f"run_dir: {run_dir} is a {cfg.data.task} run; sampling needs a language-model run (--task lm)"
         )
     if not prompt:
         raise ConfigError("--prompt must not be empty")
+    vocab = vocab_of(meta, weights.parent)
     try:
         ids = vocab.encode(prompt)
     except KeyError as unknown:

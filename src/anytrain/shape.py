@@ -12,6 +12,9 @@ The module maps a batch of inputs to logits:
   feature_std are the training split's statistics) -> logits (batch, num_classes);
 - images: float inputs (batch, channels, image_size, image_size), normalised per channel with
   the training split's statistics -> logits (batch, num_classes);
+- text classification ("tokens"): int64 token ids (batch, longest text of the batch, at most
+  max_length), shorter texts padded at the end with pad_id -> logits (batch, num_classes). The
+  attention mask is `inputs != pad_id`;
 - language modelling: int64 token ids (batch, block_size) -> logits (batch, block_size, vocab_size).
 """
 
@@ -25,20 +28,26 @@ import torch
 
 @dataclass
 class DataShape:
-    kind: str  # "tabular", "image" or "text"
-    num_classes: int = 0  # tabular and image: logits per sample
+    kind: str  # "tabular", "image", "tokens" (text to classify) or "text" (language modelling)
+    num_classes: int = 0  # tabular, image and tokens: logits per sample
     num_features: int = 0  # tabular: columns of a raw input row
     channels: int = 0  # image: 1 (grayscale) or 3 (RGB)
     image_size: int = 0  # image: height = width after resizing
-    vocab_size: int = 0  # text: token ids are in [0, vocab_size)
+    vocab_size: int = 0  # text and tokens: token ids are in [0, vocab_size)
     block_size: int = 0  # text: tokens per input window
     feature_mean: torch.Tensor | None = field(
         default=None, repr=False
     )  # tabular: per-column statistics of the training split
     feature_std: torch.Tensor | None = field(default=None, repr=False)
+    max_length: int = 0  # tokens: the longest a row of inputs gets (the positions a model needs)
+    pad_id: int = 0  # tokens: the id that fills a row after its text; never a real token
 
     def example_inputs(self, batch: int = 2) -> torch.Tensor:
         """A batch of the right shape and dtype, to check what a model returns before training."""
+        if self.kind == "tokens":  # the first row full length, the others half padded
+            ids = torch.full((batch, self.max_length), (self.pad_id + 1) % self.vocab_size, dtype=torch.long)
+            ids[1:, (self.max_length + 1) // 2 :] = self.pad_id
+            return ids
         if self.kind == "text":
             return torch.zeros(batch, self.block_size, dtype=torch.long)
         if self.kind == "image":

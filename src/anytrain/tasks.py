@@ -11,6 +11,8 @@ same for every task; each task fills in the `Task` contract below.
 - multilabel: targets are multi-hot rows (batch, classes); logits (batch, classes); BCE with
   logits; micro and macro F1 and exact match at `--threshold`.
 
+Text classification is `classify` on token ids padded to each batch's longest text (data/textcls.py).
+
 A model may also return an object or dict with a `loss` (the transformers convention; it is given
 the targets as `labels=` or `targets=` when its forward takes one): the loop then trains on that loss.
 `--loss module:fn` (or `loss_fn=` from Python) trains on your own `fn(outputs, targets) -> scalar`.
@@ -133,6 +135,12 @@ def model_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def run_files(data) -> dict:
+    """{name: text} the run folder needs besides the weights, for any task: a BPE run's tokenizer.json."""
+    vocab = getattr(data, "vocab", None)
+    return vocab.files() if vocab is not None else {}
+
+
 # --------------------------------------------------------------------------- the tasks
 
 
@@ -146,6 +154,10 @@ class Supervised:
         self.cfg, self.data = cfg, data
 
     def load_data(self, cfg: TrainConfig, given=None):
+        if cfg.data.text_column:  # text to classify
+            from .data.textcls import load_text_class_splits
+
+            return load_text_class_splits(cfg, given)
         from .data import load_splits
 
         return load_splits(cfg, given)
@@ -178,6 +190,8 @@ class Supervised:
             extra["image_look"] = json.dumps(
                 {"mode": look.mode, "size": look.size, "mean": look.mean.tolist(), "std": look.std.tolist()}
             )
+        elif shape.kind == "tokens":  # and to tokenise new texts the same way (max_length is in the shape)
+            extra["vocab"] = data.vocab.to_json()
         else:
             extra["num_features"] = str(data.num_features)
         return {"data_shape": shape.to_json(), "num_classes": str(data.num_classes), **extra}
@@ -371,8 +385,9 @@ def load_task(cfg: TrainConfig, given=None) -> tuple[Task, object]:
     return get_task(cfg, data), data
 
 
-def vocab_of(meta: dict):
-    """The vocabulary saved with a language model's weights (None for other runs)."""
-    from .data.text import Vocab
+def vocab_of(meta: dict, folder):
+    """The tokenizer saved with a text run's weights (a BPE's tokenizer.json is in `folder`, beside
+    them); None for a run on numbers or images."""
+    from .data.tokenizer import read_tokenizer
 
-    return Vocab.from_json(meta["vocab"]) if "vocab" in meta else None
+    return read_tokenizer(meta["vocab"], folder) if "vocab" in meta else None

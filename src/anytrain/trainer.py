@@ -38,11 +38,12 @@ from .checkpoint import (
 )
 from .config import ConfigError, TrainConfig
 from .data import loader_workers, make_loader
+from .files import write_atomically
 from .optim import build_optimizer, build_scheduler
 from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weights_fingerprint, write_json
 from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator
-from .tasks import check_loss, evaluate, load_task, training_loss, user_loss_function
+from .tasks import check_loss, evaluate, load_task, run_files, training_loss, user_loss_function
 from .usermodel import forward_for, model_name, targets_keyword
 
 
@@ -290,7 +291,7 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
         progress.load_state_dict(state["progress"])
         scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
-    open_run_folder(cfg, accelerator, resumed_at_step=progress.step if resume_from else None)
+    open_run_folder(cfg, accelerator, progress.step if resume_from else None, run_files(data))
     test_loader = loaders[2] if len(loaders) > 2 else None
     steps = {"progress": progress, "total_steps": total_steps, "resume_from": resume_from}
     return Parts(
@@ -306,14 +307,17 @@ def count_steps(cfg: TrainConfig, train_loader) -> int | float:
     return min(cfg.optim.max_steps or math.inf, cfg.optim.epochs * steps_per_epoch)
 
 
-def open_run_folder(cfg: TrainConfig, accelerator: Accelerator, resumed_at_step: int | None) -> None:
-    """The main process (re)starts the run folder once every rank has loaded; trackers get the config."""
+def open_run_folder(cfg: TrainConfig, accelerator: Accelerator, resumed_at_step: int | None, files: dict) -> None:
+    """The main process (re)starts the run folder once every rank has loaded, and writes the task's files
+    (a BPE's tokenizer.json); trackers get the config."""
     run_dir = Path(cfg.run.output_dir)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         note = start_run_folder(run_dir, cfg, resumed_at_step=resumed_at_step)
         if note:
             accelerator.print(f"anytrain: {note}")
+        for name, text in files.items():
+            write_atomically(run_dir / name, text)
     if cfg.run.report_to != "none":  # the config as the run's hyper-parameters (trackers take scalars)
         hparams = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in cfg.flat().items()}
         accelerator.init_trackers(cfg.run.run_name or run_dir.resolve().name, config=hparams)

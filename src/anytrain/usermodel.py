@@ -20,7 +20,7 @@ from .config import ConfigError, ModelConfig, first_line
 from .models import REGISTRY
 from .shape import DataShape
 
-AUTO = {"tabular": "mlp", "image": "resnet", "text": "gpt"}  # --model auto, by the kind of data
+AUTO = {"tabular": "mlp", "image": "resnet", "tokens": "bag", "text": "gpt"}  # --model auto, by the kind of data
 OBJECT = "object:"  # cfg.model.name of a run whose model was a Python object (anytrain.train(model=...))
 
 

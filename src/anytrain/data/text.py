@@ -48,14 +48,28 @@ class Vocab:
     def encode(self, text: str) -> np.ndarray:
         if self.kind == "byte":
             return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        ids = self.ids(text)
+        if (ids < 0).any():
+            unknown = sorted(set(c for c, i in zip(text, ids) if i < 0))
+            raise KeyError("".join(unknown))
+        return ids.astype(self.dtype)
+
+    def ids(self, text: str) -> np.ndarray:
+        """int64 ids of the text's characters (bytes), -1 where a character is not in the vocabulary."""
+        if self.kind == "byte":
+            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
         ids = np.searchsorted(self._codes, codes)
         ok = ids < self.size
         ok[ok] = self._codes[ids[ok]] == codes[ok]
-        if not ok.all():
-            unknown = sorted({chr(c) for c in codes[~ok]})
-            raise KeyError("".join(unknown))
-        return ids.astype(self.dtype)
+        return np.where(ok, ids, -1)
+
+    def ids_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [self.ids(text) for text in texts]
+
+    def files(self) -> dict:
+        """Nothing beside the weights: the characters travel in their metadata."""
+        return {}
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]
@@ -233,9 +247,15 @@ def _chunks(ds, column: str, start: int, stop: int):
             return
 
 
-def choose_vocab(cfg: TrainConfig, pieces: dict, source: str) -> Vocab:
-    """Characters of the training text, unless the alphabet is large or misses validation/test characters."""
-    if cfg.data.vocab == "byte":
+def choose_vocab(cfg: TrainConfig, pieces: dict, source: str):
+    """--tokenizer: a BPE trained on the training text; else its characters, unless the alphabet is large
+    or misses validation/test characters (then bytes)."""
+    if cfg.data.tokenizer == "bpe":
+        from .tokenizer import bpe_for_run
+
+        ds, start, stop = pieces["train"]
+        return bpe_for_run(cfg, lambda: _chunks(ds, cfg.data.text_column or "text", start, stop), source)
+    if cfg.data.tokenizer == "byte":
         return Vocab("byte")
     train_chars = set().union(
         *(set(t) for t in _chunks(pieces["train"][0], cfg.data.text_column or "text", *pieces["train"][1:]))
@@ -246,15 +266,16 @@ def choose_vocab(cfg: TrainConfig, pieces: dict, source: str) -> Vocab:
         if name != "train"
     }
     unknown = sorted(set().union(*other.values()) - train_chars)
-    if cfg.data.vocab == "char":
+    if cfg.data.tokenizer == "char":
         if unknown:
             raise ConfigError(
-                f"--vocab char: the training text lacks characters the other splits use ({''.join(unknown)[:40]!r}); "
-                "use --vocab byte"
+                f"--tokenizer char: the training text lacks characters the other splits use "
+                f"({''.join(unknown)[:40]!r}); use --tokenizer byte or bpe"
             )
         if len(train_chars) > 65535:
             raise ConfigError(
-                f"--vocab char: {source} has {len(train_chars)} distinct characters, too many; use --vocab byte"
+                f"--tokenizer char: {source} has {len(train_chars)} distinct characters, too many; use --tokenizer "
+                "byte or bpe"
             )
     elif unknown or len(train_chars) > MAX_CHAR_VOCAB:
         return Vocab("byte")
