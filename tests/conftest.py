@@ -171,6 +171,22 @@ def finish_run(proc: subprocess.Popen, timeout: int = LAUNCH_TIMEOUT) -> tuple[i
     return proc.returncode, err
 
 
+def kill_and_resume(root: Path, args: list[str], kill_step: int, env: dict | None = None) -> tuple[Path, Path]:
+    """A reference run and a victim side by side; the victim is SIGKILLed once it has logged `kill_step`
+    training lines (log every step), then resumed. Returns (reference, victim) run folders, both finished."""
+    reference = start_run(root / "reference", args, env=env)
+    victim = start_run(root / "victim", args, env=env)
+    wait_for_step(root / "victim", kill_step, victim)
+    os.killpg(victim.pid, signal.SIGKILL)  # no chance to save anything
+    victim.wait(timeout=60)
+    code, err = finish_run(reference)
+    assert code == 0, err[-2000:]
+    assert not (root / "victim" / "summary.json").exists()  # it really died mid-run
+    code, err = finish_run(start_run(root / "victim", args, "--resume", env=env))
+    assert code == 0, err[-2000:]
+    return root / "reference", root / "victim"
+
+
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: int = LAUNCH_TIMEOUT) -> None:
     """Until the run has logged `step` training lines (log every step)."""
     deadline = time.monotonic() + timeout

@@ -296,18 +296,9 @@ def test_regression_on_two_ranks_equals_one_rank_and_accumulation_equals_the_big
 
 @pytest.mark.launch
 def test_a_killed_regression_run_resumes_bit_identical(tmp_path, prices640):
-    import os
-    import signal
-
-    from conftest import finish_run, start_run, wait_for_step
+    from conftest import kill_and_resume
 
     args = regression_args(prices640, "--batch-size", "16", "--dropout", "0.1", "--checkpoint-every-steps", "5")
-    reference, victim = start_run(tmp_path / "reference", args), start_run(tmp_path / "victim", args)
-    wait_for_step(tmp_path / "victim", 33, victim)
-    os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait(timeout=60)
-    assert finish_run(reference)[0] == 0
-    code, err = finish_run(start_run(tmp_path / "victim", args, "--resume"))
-    assert code == 0, err[-2000:]
+    kill_and_resume(tmp_path, args, 33)
     a, b = weights(tmp_path / "reference"), weights(tmp_path / "victim")
     assert all(torch.equal(a[k], b[k]) for k in a)

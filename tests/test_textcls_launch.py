@@ -10,13 +10,11 @@ validation and 35 test rows (divisible by neither the batch nor the world size).
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 
 import pytest
 import torch
-from conftest import finish_run, launch, max_abs_diff, read_metrics, read_summary, start_run, wait_for_step
+from conftest import kill_and_resume, launch, max_abs_diff, read_metrics, read_summary
 from textdata import texts, write_jsonl
 
 from anytrain import load_model
@@ -117,17 +115,8 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(data, tmp_path):
     print(f"kill step {kill_step} of 60")
     args = ["--dataset", str(data), *RESUMABLE]
     one_thread = {"OMP_NUM_THREADS": "1"}  # two runs side by side on 2 cores
-    reference = start_run(tmp_path / "reference", args, env=one_thread)
-    victim = start_run(tmp_path / "victim", args, env=one_thread)
-    wait_for_step(tmp_path / "victim", kill_step, victim)
-    os.killpg(victim.pid, signal.SIGKILL)  # no chance to save anything
-    victim.wait(timeout=60)
-    code, err = finish_run(reference)
-    assert code == 0, err[-2000:]
+    kill_and_resume(tmp_path, args, kill_step, env=one_thread)
     assert read_summary(tmp_path / "reference")["optimizer_steps"] == 60
-    assert not (tmp_path / "victim" / "summary.json").exists()  # it really died mid-run
-    code, err = finish_run(start_run(tmp_path / "victim", args, "--resume", env=one_thread))
-    assert code == 0, err[-2000:]
     ref, res = load_model(tmp_path / "reference").state_dict(), load_model(tmp_path / "victim").state_dict()
     assert all(torch.equal(ref[k], res[k]) for k in ref), "weights differ"
     assert [(m["step"], m["loss"]) for m in read_metrics(tmp_path / "reference")] == [
