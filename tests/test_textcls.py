@@ -6,6 +6,7 @@ test_textcls_launch.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -60,7 +61,11 @@ def test_batches_are_padded_to_their_longest_text_and_truncated_at_max_length():
     assert inputs[1].tolist() == [UNK, UNK, SPECIALS + 0, SPECIALS + 1]  # 'z' is not in the training text
 
 
-@pytest.mark.parametrize("build", [build_encoder, build_bag])
+def build_bag_of_ngrams(model: ModelConfig, shape: DataShape):
+    return build_bag(dataclasses.replace(model, ngrams=3, ngram_buckets=64), shape)
+
+
+@pytest.mark.parametrize("build", [build_encoder, build_bag, build_bag_of_ngrams])
 def test_padding_never_changes_a_texts_logits_or_gradients(build):
     shape = DataShape("tokens", num_classes=3, vocab_size=20, max_length=16, pad_id=PAD)
     torch.manual_seed(0)
@@ -78,6 +83,21 @@ def test_padding_never_changes_a_texts_logits_or_gradients(build):
     (alone, g_alone), (in_batch, g_batch) = grads(text), grads(batch)
     assert (alone - in_batch).abs().max() < 1e-6
     assert max((g_alone[n] - g_batch.get(n, torch.zeros_like(g))).abs().max() for n, g in g_alone.items()) < 1e-6
+
+
+def test_the_bag_adds_each_run_of_2_to_n_real_tokens_as_one_hashed_row():
+    shape = DataShape("tokens", num_classes=2, vocab_size=20, max_length=16, pad_id=PAD)
+    bag = build_bag(ModelConfig(ngrams=3, ngram_buckets=1000, hidden_sizes=[]), shape)
+    assert bag.embed.num_embeddings == 20 + 1000
+    a, b, c = SPECIALS, SPECIALS + 1, SPECIALS + 2
+    features = bag.features(torch.tensor([[a, b, c, PAD], [c, a, b, c]]))
+    assert features.shape == (2, 4 + 3 + 2)  # the tokens, then the 2-grams, then the 3-grams
+    first, second = features.tolist()
+    assert first[:4] == [a, b, c, PAD] and first[6] == first[8] == PAD  # b c + padding, c + padding: none
+    assert all(20 <= row < 1020 for row in first[4:6] + first[7:8] + second[4:])
+    assert first[4:6] == second[5:7] and first[7] == second[8]  # "a b", "b c" and "a b c" wherever they are
+    assert len({*first[4:6], first[7]}) == 3  # here no two n-grams share a bucket
+    assert build_bag(ModelConfig(hidden_sizes=[]), shape).embed.num_embeddings == 20  # --ngrams 1: no buckets
 
 
 def test_a_users_factory_gets_the_tokens_shape_and_its_logits_are_checked():
@@ -150,6 +170,7 @@ def test_the_encoder_on_bpe_and_the_auto_model_on_characters_learn_the_topics(ru
     assert (encoder["model"], encoder["tokenizer"], encoder["vocab_size"]) == ("encoder", "bpe", 302)
     assert (auto["model"], auto["tokenizer"], auto["task"]) == ("bag", "char", "classify")
     assert encoder["train_samples"] == 490 and encoder["samples_per_s"] > 0 and encoder["mean_tokens_per_text"] > 10
+    assert encoder["tokens_per_s"] == pytest.approx(encoder["samples_per_s"] * encoder["mean_tokens_per_text"])
     assert (folder / "encoder" / "tokenizer.json").is_file() and not (folder / "auto" / "tokenizer.json").exists()
 
 

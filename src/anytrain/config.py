@@ -200,6 +200,15 @@ class ModelConfig:
     n_layer: int = option(4, "gpt, encoder: transformer blocks", bounds=POSITIVE)
     n_head: int = option(4, "gpt, encoder: attention heads per block (must divide n_embd)", bounds=POSITIVE)
     n_embd: int = option(128, "gpt, encoder, bag: embedding width", bounds=POSITIVE)
+    ngrams: int = option(
+        1,
+        "bag: also average hashed n-grams of 2..N consecutive tokens (fastText-style; with --tokenizer char, "
+        "character n-grams); 1 = tokens alone",
+        bounds=POSITIVE,
+    )
+    ngram_buckets: int = option(
+        65536, "bag with --ngrams > 1: hash buckets shared by the n-grams (extra embedding rows)", bounds=POSITIVE
+    )
     dropout: float = option(
         0.2,
         "dropout after each hidden layer (gpt, encoder: on embeddings, attention and residuals)",

@@ -183,20 +183,44 @@ def build_encoder(model: ModelConfig, shape: DataShape) -> Encoder:
 class Bag(nn.Module):
     """The mean of a text's token embeddings (nn.EmbeddingBag, which skips the pad id), then the
     --hidden-sizes layers and a linear layer to the classes: a deep averaging network. Word order is
-    not seen, so it is fast and a baseline."""
+    not seen, so it is fast and a baseline. With --ngrams N the bag also holds every run of 2..N
+    consecutive real tokens, hashed into --ngram-buckets extra embedding rows (fastText's n-grams):
+    on characters, that is the character n-grams a TF-IDF baseline uses."""
+
+    PRIME = 2_147_483_647  # the hash is taken modulo 2**31 - 1 after each token, so int64 never overflows
+    MIX = 2_654_435_761  # Knuth's multiplicative hash constant: < 2**32, so hash * MIX < 2**63
 
     def __init__(self, model: ModelConfig, shape: DataShape):
         super().__init__()
-        self.embed = nn.EmbeddingBag(shape.vocab_size, model.n_embd, mode="mean", padding_idx=shape.pad_id)
+        self.vocab_size, self.pad_id = shape.vocab_size, shape.pad_id
+        self.ngrams, self.buckets = model.ngrams, model.ngram_buckets if model.ngrams > 1 else 0
+        rows = shape.vocab_size + self.buckets
+        self.embed = nn.EmbeddingBag(rows, model.n_embd, mode="mean", padding_idx=shape.pad_id)
         layers, width = hidden_layers(model, model.n_embd)
         self.classify = nn.Sequential(*layers, nn.Linear(width, shape.num_classes))
 
+    def features(self, ids: torch.Tensor) -> torch.Tensor:
+        """(batch, T) token ids -> the ids and, for n in 2..N, each window's n-gram row (vocab_size +
+        its hash bucket), or the pad id where the window reaches into the padding."""
+        features = [ids]
+        for n in range(2, self.ngrams + 1):
+            if ids.size(1) < n:
+                break
+            windows = ids.unfold(1, n, 1)  # (batch, T - n + 1, n)
+            hashed = torch.full_like(windows[..., 0], n)
+            for k in range(n):
+                hashed = (hashed * self.vocab_size + windows[..., k]) % self.PRIME
+            real = (windows != self.pad_id).all(-1)
+            bucket = hashed * self.MIX % self.PRIME % self.buckets  # mixed, so that near n-grams spread out
+            features.append(torch.where(real, self.vocab_size + bucket, self.pad_id))
+        return torch.cat(features, 1)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.classify(self.embed(ids))
+        return self.classify(self.embed(self.features(ids)))
 
 
 def build_bag(model: ModelConfig, shape: DataShape) -> Bag:
-    """The registry's `--model bag`: --n-embd wide embeddings, --hidden-sizes, --dropout."""
+    """The registry's `--model bag`: --n-embd wide embeddings, --ngrams, --hidden-sizes, --dropout."""
     return Bag(model, shape)
 
 

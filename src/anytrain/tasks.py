@@ -175,7 +175,13 @@ class Supervised:
         return DataShape("tabular", num_classes=int(meta["num_classes"]), num_features=int(meta["num_features"]))
 
     def rates(self, samples: int, tokens: int, seconds: float) -> dict:
-        return {"samples_per_s": samples / seconds if seconds > 0 else None}
+        """samples/s; for text to classify also tokens/s, counted as samples/s x the training texts' mean
+        number of real tokens (exact over whole epochs; the padding a batch adds is not counted)."""
+        per_second = samples / seconds if seconds > 0 else None
+        per_text = getattr(self.data, "mean_tokens_per_text", None)
+        if per_text is None:
+            return {"samples_per_s": per_second}
+        return {"samples_per_s": per_second, "tokens_per_s": per_second and per_second * per_text}
 
     def describe_data(self, data, model: nn.Module) -> dict:
         return {**data.describe(), "parameters": model_parameters(model)}

@@ -70,6 +70,11 @@ class TextClassSplits:
             pad_id=PAD,
         )
 
+    @property
+    def mean_tokens_per_text(self) -> float:
+        """Real tokens (after truncation) per training text."""
+        return self.train.num_tokens / len(self.train)
+
     def describe(self) -> dict:
         return {
             "tokenizer": self.vocab.kind,
@@ -77,7 +82,7 @@ class TextClassSplits:
             "num_classes": self.num_classes,
             "train_samples": len(self.train),
             "train_tokens": self.train.num_tokens,
-            "mean_tokens_per_text": self.train.num_tokens / len(self.train),
+            "mean_tokens_per_text": self.mean_tokens_per_text,
             "truncated_train_texts": self.truncated,
             "data_path": "in-memory token array, padded per batch",
         }
