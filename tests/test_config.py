@@ -61,9 +61,11 @@ def test_sectioned_and_flat_yaml_give_the_same_config(tmp_path):
 def test_every_example_config_loads_unchanged():
     examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
     assert examples
+    expected = {"shakespeare_cpu": ("lm", "gpt"), "shakespeare_gpu": ("lm", "gpt"), "speakers_cpu": ("auto", "bag")}
+    assert {path.stem for path in examples} >= set(expected)
     for path in examples:
         cfg = parse_config(["--config", str(path)])
-        assert cfg.data.task == "lm" and cfg.model.name == "gpt", path
+        assert (cfg.data.task, cfg.model.name) == expected.get(path.stem, (cfg.data.task, cfg.model.name)), path
 
 
 def test_yaml_file_then_flags_override(tmp_path):
