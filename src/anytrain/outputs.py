@@ -51,7 +51,11 @@ class MetricsLog:
 def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, data_metadata: dict) -> None:
     """safetensors file whose metadata says how to rebuild the model (see load_model): the config,
     and the task's data facts (features and classes, or the vocabulary)."""
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    tensors, seen = {}, set()
+    for k, v in state_dict.items():  # a tensor shared by two names (tied embeddings) is stored under each
+        v = v.detach().cpu().contiguous()
+        tensors[k] = v.clone() if v.data_ptr() in seen else v
+        seen.add(v.data_ptr())
     with atomic_path(path) as tmp:  # whole or absent: a kill mid-write leaves the previous file or none
         save_file(tensors, str(tmp), metadata={"anytrain_config": json.dumps(cfg.to_dict()), **data_metadata})
 

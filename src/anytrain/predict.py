@@ -102,12 +102,34 @@ def read_texts(dataset: str, columns: list[str], meta: dict, folder: Path, max_l
     return TokenRows(tokens, offsets, torch.zeros(len(ds), dtype=torch.long)), ds, source
 
 
+def read_hf_texts(dataset: str, columns: list[str], folder: Path, max_length: int):
+    """The text column tokenised by a transformers run's own tokenizer (run_dir/hf), as in training."""
+    from .data import _load_raw, _named_splits
+    from .data.hftext import HFRows
+    from .data.textcls import check_texts
+    from .hf import tokenizer_of_run
+
+    raw, source = _load_raw(dataset)
+    splits = _named_splits(raw)
+    ds = splits.get("test", splits["train"]) if len(splits) > 1 else splits["train"]
+    check_texts(ds, columns[0], source, "predict")
+    tokenizer = tokenizer_of_run(folder)
+    encoded = ds.map(
+        lambda b: tokenizer(b[columns[0]], truncation=True, max_length=max_length),
+        batched=True,
+        remove_columns=ds.column_names,
+    )
+    return HFRows(encoded, torch.zeros(len(ds), dtype=torch.long), tokenizer, None), ds, source
+
+
 def read_inputs(dataset: str, meta: dict, weights: Path):
     """(inputs to classify, the file's split, its name): rows of numbers, images or texts, as the run was trained on."""
     columns = json.loads(meta["input_columns"])
     if "image_look" in meta:
         return read_images(dataset, columns, meta)
     shape = DataShape.from_json(meta["data_shape"]) if "data_shape" in meta else None
+    if "hf" in meta:
+        return read_hf_texts(dataset, columns, weights.parent, shape.max_length)
     if shape is not None and shape.kind == "tokens":
         return read_texts(dataset, columns, meta, weights.parent, shape.max_length)
     features, ds, source = read_rows(dataset, columns)
@@ -133,6 +155,7 @@ def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
     probability, values in the targets' units, or the labels above the threshold), and the true label."""
     from .data.targets import label_columns
     from .tasks import get_task, logits_of
+    from .usermodel import forward_for
 
     weights = weights_file(run_dir)
     _, cfg, meta = read_weights_metadata(weights)
@@ -145,7 +168,8 @@ def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
     inputs, ds, _ = read_inputs(dataset, meta, weights)
     model = load_model(weights)
     with torch.no_grad():
-        outputs = torch.cat([logits_of(model(batch)) for batch in in_batches(inputs, batch_size)])
+        forward = forward_for(model)  # a dict of inputs (a transformers run's batches) as keyword arguments
+        outputs = torch.cat([logits_of(forward(model, batch, None)) for batch in in_batches(inputs, batch_size)])
     rows = [{"row": i, **row} for i, row in enumerate(get_task(cfg).predictions(outputs, meta))]
     labels = [c for c in label_columns(cfg) if c in ds.column_names]
     for label in labels:

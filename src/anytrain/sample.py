@@ -81,6 +81,10 @@ def sample(
         )
     if not prompt:
         raise ConfigError("--prompt must not be empty")
+    if "hf" in meta:  # a transformers model: its own generate() and tokenizer (run_dir/hf)
+        from .hf import generate as generate_hf
+
+        return generate_hf(load_model(weights), weights.parent, prompt, tokens, temperature, top_k, seed, device)
     vocab = vocab_of(meta, weights.parent)
     try:
         ids = vocab.encode(prompt)

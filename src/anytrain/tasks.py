@@ -53,6 +53,8 @@ class Task(Protocol):
     def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor: ...  # to check a model and a loss
     def weights_metadata(self, data) -> dict[str, str]: ...  # what predict needs, saved with the weights
     def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]: ...  # what predict prints per row
+    def train_batches(self, batches, loader, epoch: int, skipped: int): ...  # the batches, with what a step adds
+    def export(self, model: nn.Module, run_dir) -> None: ...  # files beside model.safetensors at the end
 
 
 # --------------------------------------------------------------------------- what a model returns
@@ -173,6 +175,12 @@ class Supervised:
     def legacy_shape(self, cfg: TrainConfig, meta: dict) -> DataShape:
         """The shape of a run saved before data_shape was stored with the weights."""
         return DataShape("tabular", num_classes=int(meta["num_classes"]), num_features=int(meta["num_features"]))
+
+    def train_batches(self, batches, loader, epoch: int, skipped: int):
+        return batches
+
+    def export(self, model: nn.Module, run_dir) -> None:
+        """Nothing beyond model.safetensors (a transformers model also saves itself with save_pretrained)."""
 
     def rates(self, samples: int, tokens: int, seconds: float) -> dict:
         """samples/s; for text to classify also tokens/s, counted as samples/s x the training texts' mean
@@ -354,6 +362,12 @@ class LanguageModel:
     def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
         return torch.zeros(batch, shape.block_size, dtype=torch.long)
 
+    def train_batches(self, batches, loader, epoch: int, skipped: int):
+        return batches
+
+    def export(self, model: nn.Module, run_dir) -> None:
+        """Nothing beyond model.safetensors."""
+
     def rates(self, samples: int, tokens: int, seconds: float) -> dict:
         if seconds <= 0:
             return {"samples_per_s": None, "tokens_per_s": None}
@@ -372,12 +386,121 @@ class LanguageModel:
         raise ConfigError("a language-model run has no predictions for rows; use `anytrain sample RUN_DIR`")
 
 
+# --------------------------------------------------------------------------- transformers models (hf.py)
+
+
+class Transformers:
+    """What a transformers model (`--model hf:...`) changes in a task: the data is tokenised by the
+    model's own tokenizer (data/hftext.py), the model comes from its folder with the task's head, the
+    batches' inputs are dicts, and the run ends with save_pretrained into run_dir/hf."""
+
+    def load_data(self, cfg: TrainConfig, given=None):
+        from . import hf
+        from .data.hftext import load_hf_splits
+
+        return load_hf_splits(cfg, hf.load_tokenizer(cfg), self.name, given)
+
+    def build_model(self, cfg: TrainConfig, data, given=None) -> nn.Module:
+        from . import hf
+
+        model = hf.load_model(cfg, self.name, data.tokenizer, data.class_names, data.num_classes)
+        self.hf_config = model.config.to_json_string(use_diff=False)  # saved with the weights
+        return model
+
+    def model_from_metadata(self, cfg: TrainConfig, meta: dict, given=None) -> nn.Module:
+        from . import hf
+
+        return hf.model_from_config(self.name, meta["hf_config"])
+
+    def weights_metadata(self, data) -> dict:
+        meta = {"data_shape": data.shape().to_json(), "hf_config": self.hf_config, "hf": hf_folder()}
+        if data.num_classes:
+            meta["class_names"] = json.dumps(data.class_names or [str(k) for k in range(data.num_classes)])
+        return {**meta, "input_columns": json.dumps(data.input_columns)}
+
+    def describe_data(self, data, model: nn.Module) -> dict:
+        return {**data.describe(), "parameters": model_parameters(model)}
+
+    def export(self, model: nn.Module, run_dir) -> None:
+        from . import hf
+
+        hf.save_pretrained(model, self.data.tokenizer, run_dir)
+
+    def rates(self, samples: int, tokens: int, seconds: float) -> dict:
+        per_second = samples / seconds if seconds > 0 else None
+        return {"samples_per_s": per_second, "tokens_per_s": per_second and per_second * self.data.mean_tokens_per_text}
+
+
+def hf_folder() -> str:
+    from .hf import FOLDER
+
+    return FOLDER
+
+
+class HFClassification(Transformers, Classification):
+    """classify with AutoModelForSequenceClassification: the model's own loss (cross-entropy per text)."""
+
+
+class HFCausalLM(Transformers, LanguageModel):
+    """lm with AutoModelForCausalLM, one text per sequence. The loss is the mean over every target token
+    of the optimizer step's global batch, whatever the number of ranks or accumulation steps
+    (train_batches); validation and test loss are the mean over every target token of the split."""
+
+    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits, labels = logits_of(outputs)[:, :-1].float(), targets[:, 1:]  # position t predicts token t + 1
+        losses = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        real = labels != -100
+        hits = (logits.argmax(-1) == labels) & real
+        tokens = real.sum(1)
+        sums = losses.sum(1)
+        return {"loss": sums / tokens.clamp(min=1), "token_loss": sums, "tokens": tokens, "hits": hits.sum(1)}
+
+    def metrics(self, sums: dict, count: int) -> dict:
+        tokens = max(sums["tokens"].item(), 1)
+        loss = sums["token_loss"].item() / tokens
+        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "accuracy": sums["hits"].item() / tokens}
+
+    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
+        return shape.example_inputs(batch)
+
+    def train_batches(self, batches, loader, epoch: int, skipped: int):
+        """Each batch's inputs get `num_items_in_batch`, so that transformers' loss is the sum over its
+        target tokens divided by it: the global count of target tokens in the batch's optimizer step
+        over (processes x accumulation steps). accelerator.backward divides by the accumulation steps and
+        DDP averages over processes, so the step's gradient is that of the mean over all its tokens.
+        The counts come from this epoch's batch indices (the sampler is a function of seed and epoch),
+        with one all-reduce per epoch: no batch is read ahead."""
+        from accelerate.state import PartialState
+        from accelerate.utils import reduce
+
+        accum, state = self.cfg.optim.grad_accum_steps, PartialState()
+        per_row = self.data.train.targets_per_row
+        loader.set_epoch(epoch)
+        per_batch = [int(per_row[list(indices)].sum()) for indices in loader.batch_sampler]
+        loader.set_epoch(epoch)  # iterating the sampler moved it on
+        steps = torch.zeros(math.ceil(len(per_batch) / accum), dtype=torch.float64)
+        for k, count in enumerate(per_batch):
+            steps[k // accum] += count
+        if state.num_processes > 1:
+            steps = reduce(steps.to(state.device), "sum").cpu()
+        share = (steps / (state.num_processes * accum)).tolist()
+        for k, (inputs, targets) in enumerate(batches, start=skipped):
+            yield {**inputs, "num_items_in_batch": share[k // accum]}, targets
+
+
 TASKS = {"classify": Classification, "lm": LanguageModel, "regress": Regression, "multilabel": MultiLabel}
+HF_TASKS = {"classify": HFClassification, "lm": HFCausalLM}
 
 
 def get_task(cfg: TrainConfig, data=None) -> Task:
-    """The task the config names (auto: classify until the labels say otherwise, see load_task)."""
-    return TASKS["classify" if cfg.data.task == "auto" else cfg.data.task](cfg, data)
+    """The task the config names (auto: classify until the labels say otherwise, see load_task); for a
+    transformers model (`--model hf:...`) its transformers flavour."""
+    name = "classify" if cfg.data.task == "auto" else cfg.data.task
+    if cfg.model.name.startswith("hf:"):
+        if name not in HF_TASKS:
+            raise ConfigError(f"--model {cfg.model.name}: transformers models train --task classify or lm here")
+        return HF_TASKS[name](cfg, data)
+    return TASKS[name](cfg, data)
 
 
 def load_task(cfg: TrainConfig, given=None) -> tuple[Task, object]:

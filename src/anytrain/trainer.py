@@ -412,7 +412,8 @@ class Loop:
         loader.set_epoch(epoch)  # the sampler's order (accelerate's seedable sampler)
         self.parts.data.train.set_epoch(epoch)  # the augmentation (accelerate only tells the sampler)
         done = self.parts.progress.batches_done
-        return self.parts.accelerator.skip_first_batches(loader, done) if done else loader
+        batches = self.parts.accelerator.skip_first_batches(loader, done) if done else loader
+        return self.parts.task.train_batches(batches, loader, epoch, done)  # a transformers LM: its token counts
 
     def step_done(self) -> None:
         """An optimizer step is complete: advance the schedule (unless fp16 skipped the update), the count, the bar."""
@@ -559,6 +560,7 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
     }
     if accelerator.is_main_process:
         save_weights(state_dict, run_dir / WEIGHTS, cfg, task.weights_metadata(parts.data))
+        task.export(model_of(accelerator, parts.model), run_dir)  # a transformers model: save_pretrained
         write_json(run_dir / "summary.json", summary)
         if cfg.run.plot:
             write_curves(run_dir)

@@ -116,12 +116,15 @@ def targets_keyword(model: nn.Module) -> str | None:
 
 
 def forward_for(model: nn.Module) -> Callable:
-    """How the loop calls this model: model(inputs), or model(inputs, labels=targets) for one that takes them.
-    Decided once, on the unwrapped model, so the loop holds no branch for it."""
+    """How the loop calls this model: model(inputs), or model(inputs, labels=targets) for one that takes them;
+    a dict of inputs (transformers' batches) is passed as keyword arguments. Decided once, on the unwrapped
+    model, so the loop holds no branch for it."""
     keyword = targets_keyword(model)
     if keyword is None:
-        return lambda m, inputs, targets: m(inputs)
-    return lambda m, inputs, targets: m(inputs, **{keyword: targets})
+        return lambda m, inputs, targets: m(**inputs) if isinstance(inputs, dict) else m(inputs)
+    return lambda m, inputs, targets: (
+        m(**inputs, **{keyword: targets}) if isinstance(inputs, dict) else m(inputs, **{keyword: targets})
+    )
 
 
 def check_outputs(model: nn.Module, shape: DataShape, label: str, targets: torch.Tensor | None = None) -> None:

@@ -1,0 +1,145 @@
+"""Text for a transformers model (`--model hf:...`): the dataset read and split as for any table,
+tokenised by the model's own tokenizer with `datasets.map(batched=True)` (the trainer calls this
+under `accelerator.main_process_first()`, so the main process tokenises and caches, and the other
+ranks read its cache), then padded per batch by transformers' `DataCollatorWithPadding`
+(`pad_to_multiple_of` 8 under fp16/bf16, for tensor cores).
+
+A batch is `(inputs, targets)`: inputs a dict (input_ids, attention_mask, and token_type_ids where
+the tokenizer makes them) that the loop passes as keyword arguments, targets a class id per text
+(classify) or the input ids with -100 at padded positions (lm: the model shifts them itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..config import ConfigError, TrainConfig
+from ..shape import DataShape
+
+IGNORE = -100  # transformers' label for "no loss here"
+
+
+class HFRows(torch.utils.data.Dataset):
+    """Tokenised texts and their targets; `__getitems__` pads a batch to its longest text (a multiple of
+    `multiple`). For a language model the targets are the ids, -100 where padded."""
+
+    def __init__(self, encoded, labels: torch.Tensor | None, tokenizer, multiple: int | None):
+        self.encoded, self.labels = encoded, labels
+        self.tokenizer, self.multiple = tokenizer, multiple
+        self.lengths = np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitems__(self, indices: list[int]):
+        from transformers import DataCollatorWithPadding
+
+        rows = self.encoded[indices]
+        features = [{k: rows[k][i] for k in rows} for i in range(len(indices))]
+        inputs = dict(DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=self.multiple)(features))
+        if self.labels is not None:
+            return inputs, self.labels[indices]
+        return inputs, inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, IGNORE)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing is random in a text's tokens (the loop tells every dataset its epoch)."""
+
+    @property
+    def targets_per_row(self) -> np.ndarray:
+        """Tokens each text contributes to a causal-LM loss: all but its first."""
+        return self.lengths - 1
+
+
+@dataclass
+class HFSplits:
+    train: HFRows
+    validation: HFRows
+    test: HFRows
+    tokenizer: object
+    task: str
+    num_classes: int
+    class_names: list[str] | None
+    max_length: int
+    source: str
+    input_columns: list[str]
+    task_reason: str = ""
+
+    def shape(self) -> DataShape:
+        """The tokens shape, for the checks that try a model on a batch of 2 ids."""
+        return DataShape(
+            "tokens",
+            num_classes=self.num_classes,
+            vocab_size=len(self.tokenizer),
+            max_length=self.max_length,
+            pad_id=self.tokenizer.pad_token_id,
+        )
+
+    @property
+    def mean_tokens_per_text(self) -> float:
+        return float(self.train.lengths.mean())
+
+    def describe(self) -> dict:
+        return {
+            "tokenizer": f"{type(self.tokenizer).__name__} (the model's own)",
+            "vocab_size": len(self.tokenizer),
+            "num_classes": self.num_classes,
+            "train_samples": len(self.train),
+            "train_tokens": int(self.train.lengths.sum()),
+            "mean_tokens_per_text": self.mean_tokens_per_text,
+            "truncated_train_texts": int((self.train.lengths >= self.max_length).sum()),
+            "data_path": "datasets.map tokenised (cached), padded per batch",
+        }
+
+
+def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> HFSplits:
+    """Read, check and split the dataset as for any labelled table (labels only for classify), then
+    tokenise every split with the model's tokenizer, truncated at --max-length."""
+    from . import _load_raw, _named_splits, carve, labelled_rows
+    from .textcls import check_texts
+
+    raw, source = _load_raw(cfg.data.dataset) if given is None else (given, f"{type(given).__name__} object")
+    splits = _named_splits(raw)
+    column = cfg.data.text_column
+    if not column:
+        raise ConfigError("--text-column: a transformers model needs the column that holds the text")
+    label = cfg.data.label_column if task == "classify" else None
+    for name, ds in splits.items():
+        check_texts(ds, column, source, name, label_column=label)
+    if task == "classify":
+        parts, num_classes, class_names = labelled_rows(splits, cfg, source)
+    else:
+        rows = {name: (ds, torch.zeros(len(ds))) for name, ds in splits.items()}
+        parts = {k: (ds, None) for k, (ds, _) in carve(rows, cfg, source, lambda d, i: d.select(i.tolist())).items()}
+        num_classes, class_names = 0, None
+    multiple = 8 if mixed_precision() in ("fp16", "bf16") else None
+
+    def tokenise(batch):
+        return tokenizer(batch[column], truncation=True, max_length=cfg.data.max_length)
+
+    rows = {}
+    for name, (ds, labels) in parts.items():
+        encoded = ds.map(tokenise, batched=True, remove_columns=ds.column_names, desc=f"tokenising {name}")
+        rows[name] = HFRows(encoded, labels, tokenizer, multiple)
+    return HFSplits(
+        **rows,
+        tokenizer=tokenizer,
+        task=task,
+        num_classes=num_classes,
+        class_names=class_names,
+        max_length=cfg.data.max_length,
+        source=source,
+        input_columns=[column],
+    )
+
+
+def mixed_precision() -> str:
+    """The run's precision ("no" when the data is read without an Accelerator, as predict does)."""
+    from accelerate.state import AcceleratorState
+
+    try:
+        return str(AcceleratorState().mixed_precision)
+    except ValueError:  # no Accelerator made in this process
+        return "no"

@@ -1,0 +1,176 @@
+"""Hugging Face transformers models behind `--model hf:PATH_OR_ID`: the model and its own tokenizer
+loaded from one folder (or a hub id where the network allows) for the task, checked against the data,
+and saved back with `save_pretrained` so transformers can load the result. transformers is optional
+(`pip install 'anytrain[hf]'`); nothing here imports it before a run asks for an hf: model.
+
+- classify: AutoModelForSequenceClassification, with num_labels, id2label and label2id from the data.
+- lm: AutoModelForCausalLM. Each text is one sequence, padded at its end; padded positions get the
+  label -100 (transformers' "ignore"), so they never count in the loss or a metric.
+
+A tokenizer without a pad token gets its end-of-text token as pad token, as transformers' own
+recipes do (run_clm, run_glue), and the model's config is told the pad id.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .config import ConfigError, TrainConfig, first_line
+
+PREFIX = "hf:"
+FOLDER = "hf"  # the run folder's save_pretrained output: run_dir/hf
+CLASSES = {"classify": "AutoModelForSequenceClassification", "lm": "AutoModelForCausalLM"}
+
+
+def is_hf(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def source_of(cfg: TrainConfig) -> str:
+    """The folder or hub id after hf:, a folder's path expanded."""
+    source = cfg.model.name.removeprefix(PREFIX)
+    path = Path(source).expanduser()
+    return str(path) if path.exists() else source
+
+
+def transformers():
+    """The transformers module; one line naming the extra when it is not installed."""
+    try:
+        import transformers as module
+
+        module.utils.logging.disable_progress_bar()  # "Loading weights" bars: the run's own bar is enough
+    except ImportError:
+        raise ConfigError(
+            "--model hf:...: transformers is not installed; pip install 'anytrain[hf]' (or pip install transformers)"
+        ) from None
+    return module
+
+
+def check_folder(cfg: TrainConfig) -> str:
+    """The source, once a local folder is seen to hold a config.json (a hub id is left to transformers)."""
+    source = source_of(cfg)
+    path = Path(source)
+    looks_local = path.exists() or source.startswith((".", "/", "~")) or source.count("/") > 1
+    if looks_local and not (path / "config.json").is_file():
+        what = "folder" if path.is_dir() else "path" if path.exists() else "folder (it does not exist)"
+        raise ConfigError(
+            f"--model hf:{source}: no config.json in this {what}; a transformers model folder holds config.json, "
+            "the weights and the tokenizer files"
+        )
+    return source
+
+
+def load_tokenizer(cfg: TrainConfig):
+    """The model's own tokenizer from the same folder, padding at the end of a text; a missing pad token
+    is the end-of-text token."""
+    source = check_folder(cfg)
+    try:
+        tokenizer = transformers().AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"--model hf:{source}: no tokenizer could be loaded from it ({first_line(e)})") from None
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ConfigError(f"--model hf:{source}: its tokenizer has neither a pad token nor an end-of-text token")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def load_model(cfg: TrainConfig, task: str, tokenizer, class_names: list[str] | None, num_classes: int):
+    """The pretrained model with the task's head (a new classification head is initialised by
+    transformers, seeded by --seed); ConfigError when its architecture has no such head or its
+    positions are fewer than --max-length."""
+    source = check_folder(cfg)
+    module = transformers()
+    auto = getattr(module, CLASSES[task])
+    names = class_names or [str(k) for k in range(num_classes)]
+    extra = {}
+    if task == "classify":
+        extra = dict(
+            num_labels=num_classes, id2label=dict(enumerate(names)), label2id={n: k for k, n in enumerate(names)}
+        )
+    try:
+        config = module.AutoConfig.from_pretrained(source, **extra)
+        auto._model_mapping[type(config)]  # noqa: B018 - raises when this architecture has no head for the task
+    except (KeyError, ValueError) as e:
+        kind = getattr(locals().get("config"), "model_type", "this")
+        head = "sequence-classification" if task == "classify" else "causal-LM"
+        raise ConfigError(
+            f"--model hf:{source}: a {kind} model has no {head} head in transformers, so it does not fit --task "
+            f"{task} ({first_line(e)})"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"--model hf:{source}: cannot read its config ({first_line(e)})") from None
+    positions = max_positions(config)
+    if positions is not None and cfg.data.max_length > positions:
+        raise ConfigError(
+            f"--max-length {cfg.data.max_length} exceeds the {positions} positions of hf:{source} "
+            "(max_position_embeddings); pass --max-length "
+            f"{positions} or less"
+        )
+    config.pad_token_id = tokenizer.pad_token_id
+    try:
+        model = auto.from_pretrained(source, config=config)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"--model hf:{source}: cannot load its weights ({first_line(e)})") from None
+    return with_loss_type(model, task)
+
+
+def with_loss_type(model, task: str):
+    """Name the loss transformers uses (GPT2LMHeadModel's class name does not say, and it warns so)."""
+    if task == "lm" and getattr(model, "loss_type", None) is None:
+        model.loss_type = "ForCausalLM"
+    return model
+
+
+def max_positions(config) -> int | None:
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def model_from_config(task: str, config_json: str):
+    """The model rebuilt from the config saved with the weights (no folder needed), weights to be loaded."""
+    module = transformers()
+    data = json.loads(config_json)
+    config = module.AutoConfig.for_model(data.pop("model_type"), **data)
+    return with_loss_type(getattr(module, CLASSES[task]).from_config(config), task)
+
+
+def save_pretrained(model, tokenizer, run_dir: Path) -> Path:
+    """run_dir/hf: the model (safetensors) and its tokenizer, as transformers loads them."""
+    folder = Path(run_dir) / FOLDER
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tokenizer_of_run(folder: Path):
+    """The tokenizer a finished run saved in run_dir/hf."""
+    return transformers().AutoTokenizer.from_pretrained(str(Path(folder) / FOLDER))
+
+
+def generate(model, folder: Path, prompt: str, tokens: int, temperature: float, top_k: int, seed: int, device: str):
+    """`anytrain sample` for a causal-LM run: transformers' sampling, with the run's tokenizer. The prompt
+    keeps its last tokens so that prompt and new tokens fit the model's positions."""
+    import torch
+
+    tokenizer = tokenizer_of_run(folder)
+    positions = max_positions(model.config) or tokens + 1
+    if tokens >= positions:
+        raise ConfigError(f"--tokens must be fewer than the model's {positions} positions")
+    ids = tokenizer(prompt, return_tensors="pt").input_ids[:, -(positions - tokens) :].to(device)
+    torch.manual_seed(seed)
+    out = model.to(device).generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=True,
+        temperature=temperature,
+        top_k=top_k,
+        max_new_tokens=tokens,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return prompt + tokenizer.decode(out[0, ids.shape[1] :].tolist())

@@ -1,0 +1,103 @@
+"""Tiny random transformers models for the tests, built offline: a tokenizer trained with Hugging Face
+`tokenizers` on the generated texts (tests/textdata.py) and on a slice of the bundled Tiny Shakespeare,
+then a BERT (for classify) and a GPT-2 (for lm) of about 150,000 parameters, dropout off (the
+equality tests compare weights), from transformers' config classes, saved with save_pretrained to a
+folder as a hub download would be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textdata import FILLER, TOPICS
+
+from anytrain.data.text import SHAKESPEARE_PATH
+
+VOCAB = 400
+POSITIONS = 128
+
+
+def corpus() -> list[str]:
+    words = " ".join(FILLER + [w for topic in TOPICS.values() for w in topic])
+    return [words] * 20 + SHAKESPEARE_PATH.read_text(encoding="utf-8")[:100_000].split("\n\n")
+
+
+def bert_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(corpus(), trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def gpt2_tokenizer():
+    """Byte-level BPE with an end-of-text token and, like GPT-2's, no pad token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(corpus(), trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+
+
+def tiny_bert(folder: Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tokenizer = bert_tokenizer()
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=POSITIONS,
+        pad_token_id=tokenizer.pad_token_id,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(seed)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tiny_gpt2(folder: Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = gpt2_tokenizer()
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=POSITIONS,
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    torch.manual_seed(seed)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
