@@ -62,6 +62,7 @@ def test_every_example_config_loads_unchanged():
     examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
     assert examples
     expected = {"shakespeare_cpu": ("lm", "gpt"), "shakespeare_gpu": ("lm", "gpt"), "speakers_cpu": ("auto", "bag")}
+    expected["hf_speakers"] = ("auto", "hf:distilbert/distilbert-base-uncased")
     assert {path.stem for path in examples} >= set(expected)
     for path in examples:
         cfg = parse_config(["--config", str(path)])

@@ -223,6 +223,7 @@ def test_bad_input_is_one_line_naming_the_option_and_writes_nothing(folders, tmp
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(bert / name, no_tokenizer / name)
+    numbers = write_jsonl(tmp_path / "numbers.jsonl", [{"n": k, "label": "ab"[k % 2]} for k in range(20)])
     vit = tmp_path / "vit"
     from transformers import ViTConfig
 
@@ -232,10 +233,10 @@ def test_bad_input_is_one_line_naming_the_option_and_writes_nothing(folders, tmp
     cases = [
         ([f"hf:{no_config}", *labelled], "no config.json"),
         ([f"hf:{tmp_path / 'absent'}", *labelled], "does not exist"),
-        ([f"hf:{no_tokenizer}", *labelled], "no tokenizer could be loaded"),
+        ([f"hf:{no_tokenizer}", *labelled], "no tokenizer in this folder"),
         ([f"hf:{vit}", *labelled], "a vit model has no sequence-classification head"),
         ([f"hf:{bert}", *labelled, "--max-length", "129"], "--max-length 129 exceeds the 128 positions"),
-        ([f"hf:{bert}", "--dataset", data, "--text-column", "label", "--label-column", "text"], "is not text"),
+        ([f"hf:{bert}", "--dataset", str(numbers), "--text-column", "n", "--label-column", "label"], "is not text"),
         ([f"hf:{bert}", *labelled, "--task", "regress"], "transformers models train --task classify or lm"),
     ]
     for argv, expected in cases:

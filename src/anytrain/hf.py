@@ -21,6 +21,15 @@ from .config import ConfigError, TrainConfig, first_line
 PREFIX = "hf:"
 FOLDER = "hf"  # the run folder's save_pretrained output: run_dir/hf
 CLASSES = {"classify": "AutoModelForSequenceClassification", "lm": "AutoModelForCausalLM"}
+# A folder's tokenizer: without one of these, transformers 5 builds an empty tokenizer of special tokens only.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def is_hf(name: str) -> bool:
@@ -65,6 +74,12 @@ def load_tokenizer(cfg: TrainConfig):
     """The model's own tokenizer from the same folder, padding at the end of a text; a missing pad token
     is the end-of-text token."""
     source = check_folder(cfg)
+    folder = Path(source)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"--model hf:{source}: no tokenizer in this folder (none of {', '.join(TOKENIZER_FILES)}); save the "
+            "model's tokenizer beside it (tokenizer.save_pretrained)"
+        )
     try:
         tokenizer = transformers().AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, TypeError, KeyError) as e:
@@ -77,13 +92,12 @@ def load_tokenizer(cfg: TrainConfig):
     return tokenizer
 
 
-def load_model(cfg: TrainConfig, task: str, tokenizer, class_names: list[str] | None, num_classes: int):
-    """The pretrained model with the task's head (a new classification head is initialised by
-    transformers, seeded by --seed); ConfigError when its architecture has no such head or its
-    positions are fewer than --max-length."""
+def model_config(cfg: TrainConfig, task: str, tokenizer, class_names: list[str] | None, num_classes: int):
+    """The model's config for the task (for classify: num_labels, id2label, label2id from the data; the
+    pad id of the tokenizer), checked before anything is written: ConfigError when its architecture has
+    no head for the task in transformers or its positions are fewer than --max-length."""
     source = check_folder(cfg)
     module = transformers()
-    auto = getattr(module, CLASSES[task])
     names = class_names or [str(k) for k in range(num_classes)]
     extra = {}
     if task == "classify":
@@ -92,7 +106,7 @@ def load_model(cfg: TrainConfig, task: str, tokenizer, class_names: list[str] | 
         )
     try:
         config = module.AutoConfig.from_pretrained(source, **extra)
-        auto._model_mapping[type(config)]  # noqa: B018 - raises when this architecture has no head for the task
+        getattr(module, CLASSES[task])._model_mapping[type(config)]  # noqa: B018 - raises: no head for the task
     except (KeyError, ValueError) as e:
         kind = getattr(locals().get("config"), "model_type", "this")
         head = "sequence-classification" if task == "classify" else "causal-LM"
@@ -106,12 +120,18 @@ def load_model(cfg: TrainConfig, task: str, tokenizer, class_names: list[str] | 
     if positions is not None and cfg.data.max_length > positions:
         raise ConfigError(
             f"--max-length {cfg.data.max_length} exceeds the {positions} positions of hf:{source} "
-            "(max_position_embeddings); pass --max-length "
-            f"{positions} or less"
+            f"(max_position_embeddings); pass --max-length {positions} or less"
         )
     config.pad_token_id = tokenizer.pad_token_id
+    return config
+
+
+def load_model(cfg: TrainConfig, task: str, config):
+    """The pretrained weights under the checked config (a new classification head is initialised by
+    transformers, from the seeded RNG)."""
+    source = source_of(cfg)
     try:
-        model = auto.from_pretrained(source, config=config)
+        model = getattr(transformers(), CLASSES[task]).from_pretrained(source, config=config)
     except (OSError, ValueError, RuntimeError) as e:
         raise ConfigError(f"--model hf:{source}: cannot load its weights ({first_line(e)})") from None
     return with_loss_type(model, task)

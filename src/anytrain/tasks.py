@@ -398,12 +398,14 @@ class Transformers:
         from . import hf
         from .data.hftext import load_hf_splits
 
-        return load_hf_splits(cfg, hf.load_tokenizer(cfg), self.name, given)
+        data = load_hf_splits(cfg, hf.load_tokenizer(cfg), self.name, given)
+        data.model_config = hf.model_config(cfg, self.name, data.tokenizer, data.class_names, data.num_classes)
+        return data
 
     def build_model(self, cfg: TrainConfig, data, given=None) -> nn.Module:
         from . import hf
 
-        model = hf.load_model(cfg, self.name, data.tokenizer, data.class_names, data.num_classes)
+        model = hf.load_model(cfg, self.name, data.model_config)
         self.hf_config = model.config.to_json_string(use_diff=False)  # saved with the weights
         return model
 

@@ -66,6 +66,7 @@ class HFSplits:
     source: str
     input_columns: list[str]
     task_reason: str = ""
+    model_config: object = None  # the model's transformers config for this data (hf.model_config)
 
     def shape(self) -> DataShape:
         """The tokens shape, for the checks that try a model on a batch of 2 ids."""
