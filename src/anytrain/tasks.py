@@ -405,9 +405,7 @@ class Transformers:
     def build_model(self, cfg: TrainConfig, data, given=None) -> nn.Module:
         from . import hf
 
-        model = hf.load_model(cfg, self.name, data.model_config)
-        self.hf_config = model.config.to_json_string(use_diff=False)  # saved with the weights
-        return model
+        return hf.load_model(cfg, self.name, data.model_config)
 
     def model_from_metadata(self, cfg: TrainConfig, meta: dict, given=None) -> nn.Module:
         from . import hf
@@ -415,7 +413,10 @@ class Transformers:
         return hf.model_from_config(self.name, meta["hf_config"])
 
     def weights_metadata(self, data) -> dict:
-        meta = {"data_shape": data.shape().to_json(), "hf_config": self.hf_config, "hf": hf_folder()}
+        from .hf import FOLDER
+
+        config = data.model_config.to_json_string(use_diff=False)  # load_model rebuilds the model from it
+        meta = {"data_shape": data.shape().to_json(), "hf_config": config, "hf": FOLDER}
         if data.num_classes:
             meta["class_names"] = json.dumps(data.class_names or [str(k) for k in range(data.num_classes)])
         return {**meta, "input_columns": json.dumps(data.input_columns)}
@@ -431,12 +432,6 @@ class Transformers:
     def rates(self, samples: int, tokens: int, seconds: float) -> dict:
         per_second = samples / seconds if seconds > 0 else None
         return {"samples_per_s": per_second, "tokens_per_s": per_second and per_second * self.data.mean_tokens_per_text}
-
-
-def hf_folder() -> str:
-    from .hf import FOLDER
-
-    return FOLDER
 
 
 class HFClassification(Transformers, Classification):
