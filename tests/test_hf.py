@@ -188,17 +188,19 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(folders, tmp_path):
 
 def test_bf16_autocast_on_cpu_fine_tunes_the_gpt2(folders, tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # what `accelerate launch` exports for bf16.yaml
-    seen = []
+    seen, lengths = [], set()
     original = torch.nn.functional.linear
 
-    def watch(x, *args, **kwargs):
+    def watch(x, *args, **kwargs):  # GPT-2's lm_head, an nn.Linear on (batch, padded length, width)
         out = original(x, *args, **kwargs)
         seen.append(out.dtype)  # autocast casts inside the op: its output tells
+        lengths.add(x.shape[-2])
         return out
 
     monkeypatch.setattr(torch.nn.functional, "linear", watch)
     summary = in_process(tmp_path / "bf16", *lm_args(folders, "--batch-size", "8", "--max-steps", "6"))
     assert summary["scenario"]["mixed_precision"] == "bf16" and torch.bfloat16 in seen
+    assert len(lengths) > 1 and all(n % 8 == 0 for n in lengths), lengths  # per batch, to a multiple of 8
     first = read_metrics(tmp_path / "bf16")[0]["loss"]
     assert summary["val_loss"] < first  # it learned in bf16
 
