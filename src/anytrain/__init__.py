@@ -1,6 +1,9 @@
 """anytrain: one plain PyTorch training loop that runs unchanged wherever `accelerate launch` puts it."""
 
 import importlib
+import time
+
+IMPORTED_AT = time.perf_counter()  # src/train.py's first import: summary.json's start_to_first_step_s counts from here
 
 __all__ = ["DataShape", "TrainConfig", "load_model", "train"]
 __version__ = "0.1.0"

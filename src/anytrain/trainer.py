@@ -26,6 +26,7 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
+from . import IMPORTED_AT
 from .checkpoint import (
     Progress,
     check_run_folder,
@@ -100,6 +101,7 @@ class Throughput:
         self.total = [0, 0]  # since the end of the first step
         self.paused_s = 0.0  # pauses since the end of the first step
         self.first_step_s: float | None = None
+        self.first_step_end: float | None = None
         self.ended: float | None = None
 
     def add(self, samples: int, tokens: int) -> None:
@@ -109,7 +111,8 @@ class Throughput:
     def step_done(self) -> None:
         """An optimizer step is complete; the first one is timed on its own."""
         if self.first_step_s is None:
-            self.first_step_s = time.perf_counter() - self.start
+            self.first_step_end = time.perf_counter()
+            self.first_step_s = self.first_step_end - self.start
             self.start, self.paused_s = time.perf_counter(), 0.0
             self.total = [-self.window[0], -self.window[1]]  # what the window holds so far belongs to the first step
 
@@ -547,6 +550,8 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
         "resumed_from": str(parts.resume_from) if parts.resume_from else None,
         **task.rates(*speed.total, speed.train_seconds()),
         "first_step_s": speed.first_step_s,
+        # import anytrain (the top of src/train.py) to the end of the first optimizer step: the start-up a user waits
+        "start_to_first_step_s": speed.first_step_end and speed.first_step_end - IMPORTED_AT,
         "train_seconds": speed.train_seconds(),
         "loop_seconds": speed.loop_seconds(),
         "peak_memory_bytes": peak,
