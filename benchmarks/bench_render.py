@@ -97,6 +97,9 @@ def threads_and_peers(s: dict) -> list[str]:
         how = "loop = the epochs with their validations and checkpoints, wall = process start to exit"
         what = f"benchmarks/peers/: {job}; fastest round of each; {how}, anytrain started with `accelerate launch`"
         out += ["", f"**6. Peers** ({what})", "", peers_bench.table(peers["summary"])]
+        if "text-anytrain" in peers["summary"]["rows"]:
+            text = peers_bench.text_job.__doc__.split("\n\n")[1].replace("\n", " ").strip()
+            out += ["", f"**6b. Peers, text job** ({text})", "", peers_bench.text_table(peers["summary"])]
         if peers["missing"]:
             out.append("\nNot installed, left out: " + ", ".join(peers["missing"]) + ".")
     return out

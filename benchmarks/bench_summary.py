@@ -167,3 +167,8 @@ def peer_goals(g: Goals, peers: dict | None) -> None:
         for key, what in (("loop_s", "loop"), ("wall_s", "wall")):
             value = row[key] / a[key] if row and a else None
             g.add(f"peers job: {name} {what} time / anytrain {what} time", value, ">= 1.00", lambda v: v >= 1.0, three)
+    a, row = rows.get("text-anytrain"), rows.get("text-hf-trainer")  # the text job: a tiny BERT fine-tuned
+    value = row["loop_s"] / a["loop_s"] if row and a else None
+    g.add("text job: hf-trainer loop time / anytrain loop time", value, ">= 1.00", lambda v: v >= 1.0, three)
+    value = a["val_accuracy"] - row["val_accuracy"] if row and a else None  # 125 speeches: 4 points is noise
+    g.add("text job: anytrain - hf-trainer val accuracy", value, ">= -0.04", lambda v: v >= -0.04, three)

@@ -1,6 +1,8 @@
 """The peers section of `make bench`: the job of peers/job.py through anytrain (`accelerate launch`, its README's
-command), a plain loop and, when installed (`make install-peers`), Lightning and the HF Trainer (`python script.py`),
-in interleaved rounds; the fastest round of each counts, every run is kept in peers.json (docs/benchmarks.md)."""
+command), a plain loop and, when installed (`make install-peers`), Lightning and the HF Trainer (`python script.py`);
+and, with transformers, the text job of peers/text_job.py (a tiny BERT fine-tuned) through anytrain's
+`--model hf:FOLDER` and the HF Trainer. All in interleaved rounds; the fastest round of each counts, every run is
+kept in peers.json (docs/benchmarks.md)."""
 
 import importlib.util
 import json
@@ -8,7 +10,7 @@ import statistics
 from pathlib import Path
 
 import toolkit
-from peers import job
+from peers import job, text_job
 from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head, write_json
 
 COLUMNS = ["trainer", "loop time", "wall time", "plain loop / it, loop", "it / anytrain, loop", "it / anytrain, wall"]
@@ -37,6 +39,40 @@ def script_variant(runner: Runner, name: str, script: str, data: Path) -> dict:
     return rec
 
 
+def text_data(folder: Path) -> tuple[Path, Path]:
+    """shakespeare-speakers as DIR/{train,validation,test}.parquet, and the tiny BERT built on its training texts."""
+    from anytrain.data.speakers import load_speakers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    splits = load_speakers()
+    for name, ds in splits.items():
+        if not (folder / f"{name}.parquet").exists():
+            ds.to_parquet(str(folder / f"{name}.parquet"))
+    return folder, text_job.build_bert(folder.parent / "bert", splits["train"][text_job.TEXT])
+
+
+def anytrain_text_variant(runner: Runner, data: Path, model: Path) -> dict:
+    d = runner.fresh("peer-text-anytrain")
+    args = ["--model", f"hf:{model}", "--dataset", str(data), "--output-dir", str(d), "--no-progress"]
+    rec = runner.run("peers/text-anytrain", launch_cmd("cpu.yaml", TRAIN, *args, *text_job.ANYTRAIN_OPTIONS))
+    if "error" not in rec:
+        summary = json.loads((d / "summary.json").read_text())
+        rec.update(loop_s=summary["loop_seconds"], val_accuracy=summary["val_accuracy"])
+        rec.update(test_accuracy=summary["test_accuracy"], steps=summary["optimizer_steps"])
+        rec.update(start_to_first_step_s=summary["start_to_first_step_s"])
+    return rec
+
+
+def text_trainer_variant(runner: Runner, data: Path, model: Path) -> dict:
+    d = runner.fresh("peer-text-hf-trainer")
+    script = BENCH / "peers" / "hf_trainer_text_job.py"
+    cmd = [PY, str(script), "--data", str(data), "--model", str(model), "--json", str(d / "result.json")]
+    rec = runner.run("peers/text-hf-trainer", [*cmd, "--out", str(d / "run")])
+    if "error" not in rec:
+        rec.update(json.loads((d / "result.json").read_text()))
+    return rec
+
+
 def plan(data: Path) -> tuple[list, list[str]]:
     variants = [("anytrain", lambda r: anytrain_variant(r, data))]
     variants.append(("plain", lambda r: script_variant(r, "plain", "plain.py", data)))
@@ -46,6 +82,12 @@ def plan(data: Path) -> tuple[list, list[str]]:
             variants.append((name, lambda r, n=name, s=script: script_variant(r, n, s, data)))
         else:
             missing.append(f'{name} (pip install -e ".[peers]")')
+    if importlib.util.find_spec("transformers") is not None:
+        text, model = text_data(data.parent / "text")
+        variants.append(("text-anytrain", lambda r: anytrain_text_variant(r, text, model)))
+        variants.append(("text-hf-trainer", lambda r: text_trainer_variant(r, text, model)))
+    else:
+        missing.append('the text job (pip install -e ".[hf]")')
     return variants, missing
 
 
@@ -57,10 +99,14 @@ def summarise(records: list[dict], names: list[str]) -> dict:
         rows[name] = {"loop_s": min(loop), "loop_s_median": med(loop), "wall_s": min(wall)} if ok else None
         if ok:
             rows[name].update(wall_s_median=med(wall), test_accuracy=med(r["test_accuracy"] for r in ok))
-            rows[name].update(steps=ok[0]["steps"], runs=len(ok))
-    a = rows.get("anytrain")  # ratios > 1: anytrain faster
-    peers = [(n, row) for n, row in rows.items() if n != "anytrain" and row and a]
-    ratios = {n: {"loop": row["loop_s"] / a["loop_s"], "wall": row["wall_s"] / a["wall_s"]} for n, row in peers}
+            rows[name].update(steps=ok[0]["steps"], runs=len(ok), val_accuracy=med(r["val_accuracy"] for r in ok))
+            if "start_to_first_step_s" in ok[0]:
+                rows[name]["start_to_first_step_s"] = min(r["start_to_first_step_s"] for r in ok)
+    ratios = {}  # > 1: anytrain faster; the text job's trainers against anytrain on the text job
+    for n, row in rows.items():
+        a = rows.get("text-anytrain" if n.startswith("text-") else "anytrain")
+        if row and a and n not in ("anytrain", "text-anytrain"):
+            ratios[n] = {"loop": row["loop_s"] / a["loop_s"], "wall": row["wall_s"] / a["wall_s"]}
     return {"rows": rows, "anytrain_speed_vs": ratios}
 
 
@@ -75,13 +121,34 @@ def main(argv=None) -> dict:
     result = {"summary": summary, "missing": missing, "records": records, "job": job.__doc__.split("\n\n")[1].strip()}
     write_json(out / "peers.json", result)
     print(table(result["summary"]))
+    print(text_table(result["summary"]))
     return result
+
+
+def text_table(s: dict) -> str:
+    """The text job: loop and wall time, start-up (import to the end of the first step), accuracies."""
+    out = md_head(
+        "trainer", "loop time", "wall time", "start-up", "it / anytrain, loop", "val accuracy", "test accuracy"
+    )
+    for name in ("text-anytrain", "text-hf-trainer"):
+        row = s["rows"].get(name)
+        if row is None:
+            continue
+        vs = s["anytrain_speed_vs"].get(name, {"loop": 1.0})
+        out.append(
+            f"| {name.removeprefix('text-')} | {row['loop_s']:.2f} s | {row['wall_s']:.2f} s | "
+            f"{row.get('start_to_first_step_s', float('nan')):.2f} s | {vs['loop']:.3f} | "
+            f"{100 * row['val_accuracy']:.1f} % | {100 * row['test_accuracy']:.1f} % |"
+        )
+    return "\n".join(out)
 
 
 def table(s: dict) -> str:
     out = md_head(*COLUMNS)
     plain = (s["rows"].get("plain") or {}).get("loop_s")
     for name, row in s["rows"].items():
+        if name.startswith("text-"):
+            continue  # the text job has its own table
         if row is None:
             out.append(f"| {name} | failed (see bench.log) | | | | | | |")
             continue

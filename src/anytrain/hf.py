@@ -130,8 +130,10 @@ def load_model(cfg: TrainConfig, task: str, config):
     """The pretrained weights under the checked config (a new classification head is initialised by
     transformers, from the seeded RNG)."""
     source = source_of(cfg)
+    # A checkpoint with a classification head for another number of labels gets a new head, as run_glue does
+    mismatched = dict(ignore_mismatched_sizes=True) if task == "classify" else {}
     try:
-        model = getattr(transformers(), CLASSES[task]).from_pretrained(source, config=config)
+        model = getattr(transformers(), CLASSES[task]).from_pretrained(source, config=config, **mismatched)
     except (OSError, ValueError, RuntimeError) as e:
         raise ConfigError(f"--model hf:{source}: cannot load its weights ({first_line(e)})") from None
     return with_loss_type(model, task)
