@@ -251,3 +251,14 @@ def test_bad_input_is_one_line_naming_the_option_and_writes_nothing(folders, tmp
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
     err = one_line_error(capsys, ["--model", f"hf:{bert}", *labelled, "--output-dir", str(tmp_path / "out")])
     assert "transformers is not installed; pip install 'anytrain[hf]'" in err
+
+
+def test_a_head_for_another_label_count_is_replaced_by_a_new_one(folders):
+    """The tiny BERT was saved with a 2-label head; 3 classes get a new 3-label head (as run_glue does)."""
+    from anytrain import hf
+
+    cfg = parse_config(["--model", f"hf:{folders['bert']}", "--max-length", "64"])
+    tokenizer = hf.load_tokenizer(cfg)
+    config = hf.model_config(cfg, "classify", tokenizer, ["a", "b", "c"], 3)
+    model = hf.load_model(cfg, "classify", config)
+    assert model.classifier.out_features == 3 and model.config.id2label == {0: "a", 1: "b", 2: "c"}
