@@ -25,7 +25,7 @@ from sklearn.pipeline import make_pipeline, make_union
 from sklearn.preprocessing import StandardScaler
 
 from anytrain.config import TrainConfig
-from anytrain.data import carve
+from anytrain.data.sources import carve
 from anytrain.data.speakers import LABEL_COLUMN, NAME, TEXT_COLUMN, load_speakers
 
 SPLITS = ("train", "validation", "test")

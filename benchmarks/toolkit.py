@@ -296,14 +296,14 @@ def plain_job(options: list[str]):
     """For plain_loop.py, seeded and loaded as the trainer does: (settings, inputs, targets, model, lr_factor)."""
     import torch
 
-    from anytrain.data import load_splits
     from anytrain.optim import lr_factor
+    from anytrain.tasks.settle import load
     from anytrain.usermodel import make_model
 
     cfg = _config(options)
     torch.manual_seed(cfg.run.seed)
-    data = load_splits(cfg)
-    model = make_model(cfg.model, data.shape())
+    data = load(cfg)[2]
+    model = make_model(cfg.model, data.shape)
     return settings(cfg), data.train.inputs, data.train.targets, model, lambda s, total: lr_factor(s, cfg.optim, total)
 
 
@@ -319,16 +319,17 @@ def prepared_job(options: list[str], accelerator=None):
     """For data_wait.py: (accelerator, model and optimizer prepared, settings, loader(workers, pin, persistent))."""
     import torch
 
-    from anytrain.data import load_splits, make_loader
+    from anytrain.data.splits import make_loader
     from anytrain.optim import build_optimizer
     from anytrain.scenario import make_accelerator
+    from anytrain.tasks.settle import load
     from anytrain.usermodel import make_model
 
     cfg = _config(options)
     accelerator = accelerator or make_accelerator(cfg)
-    data = load_splits(cfg)
+    data = load(cfg)[2]
     torch.manual_seed(cfg.run.seed)
-    model = make_model(cfg.model, data.shape())
+    model = make_model(cfg.model, data.shape)
     model, optimizer = accelerator.prepare(model, build_optimizer(cfg.optim, model))
 
     def loader(workers: int, pin: bool, persistent: bool):

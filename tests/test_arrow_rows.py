@@ -10,9 +10,14 @@ from conftest import max_abs_diff
 import anytrain
 from anytrain.cli import main
 from anytrain.config import TrainConfig
-from anytrain.data import load_splits
+from anytrain.tasks.settle import load
 
 FAST = {"epochs": 3, "hidden_sizes": [64], "progress": False}
+
+
+def load_data(cfg, given=None):
+    """The data a run of this config trains on (its task settled first)."""
+    return load(cfg, given)[2]
 
 
 def test_arrow_rows_train_like_in_memory_tensors(tmp_path, one_thread):
@@ -27,8 +32,8 @@ def test_arrow_rows_train_like_in_memory_tensors(tmp_path, one_thread):
 
 
 def test_the_same_rows_come_back_per_batch():
-    memory = load_splits(TrainConfig())
-    arrow = load_splits(TrainConfig(max_in_memory_mb=0))
+    memory = load_data(TrainConfig())
+    arrow = load_data(TrainConfig(max_in_memory_mb=0))
     indices = [5, 0, 17, 3]
     x, y = arrow.train.__getitems__(indices)
     assert torch.equal(x, memory.train.inputs[indices]) and torch.equal(y, memory.train.targets[indices])

@@ -11,6 +11,15 @@ from anytrain.cli import main
 from anytrain.config import OPTIONS, SECTIONS, ConfigError, TrainConfig, build_parser, parse_config
 
 
+def options_task(cfg):
+    """The task the options settle (tasks/settle.py); None for labelled data, whose labels then decide
+    (classify, regress or multilabel: tests/test_tasks.py)."""
+    from anytrain.tasks.settle import bundled_columns, task_from_options
+
+    said = task_from_options(bundled_columns(cfg))
+    return said and said[0]
+
+
 def run_cli_error(capsys, argv: list[str]) -> str:
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -52,7 +61,7 @@ def test_sectioned_and_flat_yaml_give_the_same_config(tmp_path):
     )
     cfg = parse_config(["--config", str(sectioned)])
     assert cfg == parse_config(["--config", str(flat)])
-    assert (cfg.model.name, cfg.model.n_layer, cfg.optim.lr, cfg.data.task) == ("gpt", 2, 0.01, "lm")
+    assert (cfg.model.name, cfg.model.n_layer, cfg.optim.lr, options_task(cfg)) == ("gpt", 2, 0.01, "lm")
     # the run folder's config.yaml is the sectioned form, and reads back as the same config
     assert yaml.safe_load(yaml.safe_dump(cfg.to_dict()))["optim"]["lr"] == 0.01
     assert parse_config(["--config", str(sectioned), "--lr", "0.5"]).optim.lr == 0.5  # a flag still wins
@@ -61,12 +70,13 @@ def test_sectioned_and_flat_yaml_give_the_same_config(tmp_path):
 def test_every_example_config_loads_unchanged():
     examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
     assert examples
-    expected = {"shakespeare_cpu": ("lm", "gpt"), "shakespeare_gpu": ("lm", "gpt"), "speakers_cpu": ("auto", "bag")}
-    expected["hf_speakers"] = ("auto", "hf:distilbert/distilbert-base-uncased")
+    expected = {"shakespeare_cpu": ("lm", "gpt"), "shakespeare_gpu": ("lm", "gpt"), "speakers_cpu": (None, "bag")}
+    expected["hf_speakers"] = (None, "hf:distilbert/distilbert-base-uncased")  # None: the labels decide
     assert {path.stem for path in examples} >= set(expected)
     for path in examples:
         cfg = parse_config(["--config", str(path)])
-        assert (cfg.data.task, cfg.model.name) == expected.get(path.stem, (cfg.data.task, cfg.model.name)), path
+        got = (options_task(cfg), cfg.model.name)
+        assert got == expected.get(path.stem, got), path
 
 
 def test_yaml_file_then_flags_override(tmp_path):
@@ -159,27 +169,29 @@ def test_the_anytrain_command_takes_train_as_an_optional_subcommand(capsys):
 
 def test_the_task_and_model_follow_the_data_unless_given():
     from anytrain.shape import DataShape
+    from anytrain.tasks.settle import bundled_columns, settle, task_from_options
     from anytrain.usermodel import model_name
 
-    # labelled data stays auto until its labels are read (classify, regress or multilabel: tests/test_tasks.py)
-    assert TrainConfig().data.task == "auto" and TrainConfig(dataset="shakespeare").data.task == "lm"
-    assert TrainConfig(dataset="book.TXT").data.task == "lm" and TrainConfig(model="gpt").data.task == "lm"
-    assert TrainConfig(dataset="digits", text_column="caption").data.task == "lm"
+    def task(cfg):  # None: labelled data, whose labels decide (classify, regress or multilabel: tests/test_tasks.py)
+        said = task_from_options(bundled_columns(cfg))
+        return said and said[0]
+
+    assert task(TrainConfig()) is None and task(TrainConfig(dataset="shakespeare")) == "lm"
+    assert task(TrainConfig(dataset="book.TXT")) == "lm" and task(TrainConfig(model="gpt")) == "lm"
+    assert task(TrainConfig(dataset="digits", text_column="caption")) == "lm"
     # text with a named label column is classified; the same text without one is modelled
-    assert TrainConfig(dataset="reviews.parquet", text_column="review", label_column="stars").data.task == "auto"
-    assert (
-        parse_config(["--dataset", "r.parquet", "--text-column", "review", "--label-column", "y"]).data.task == "auto"
-    )
-    assert TrainConfig(dataset="shakespeare", task="classify").data.task == "classify"  # an explicit task wins
+    assert task(TrainConfig(dataset="reviews.parquet", text_column="review", label_column="stars")) is None
+    assert task(parse_config(["--dataset", "r.parquet", "--text-column", "review", "--label-column", "y"])) is None
+    assert task(TrainConfig(dataset="shakespeare", task="classify")) == "classify"  # an explicit task wins
     # the bundled labelled text set names its columns: on its own it classifies text by speaker
-    speakers = parse_config(["--dataset", "shakespeare-speakers"]).data
-    assert (speakers.task, speakers.text_column, speakers.label_column) == (
-        "auto",
+    speakers = settle(parse_config(["--dataset", "shakespeare-speakers"]))
+    assert (speakers.cfg.data.task, speakers.cfg.data.text_column, speakers.cfg.data.label_column) == (
+        "classify",
         "text",
         "speaker",
-    )  # classify, once the labels are read
-    assert TrainConfig(dataset="shakespeare-speakers", label_column="play").data.label_column == "play"
-    assert TrainConfig(dataset="shakespeare-speakers", task="lm").data.task == "lm"
+    )
+    assert bundled_columns(TrainConfig(dataset="shakespeare-speakers", label_column="play")).data.label_column == "play"
+    assert task(TrainConfig(dataset="shakespeare-speakers", task="lm")) == "lm"
     # --model auto is one rule, by the kind of data: mlp for tables, resnet for images, gpt for text
     auto = TrainConfig().model
     assert [model_name(auto, DataShape(kind)) for kind in ("tabular", "image", "text")] == ["mlp", "resnet", "gpt"]

@@ -10,18 +10,25 @@ import pytest
 import torch
 
 from anytrain.config import ConfigError, TrainConfig
-from anytrain.data import DIGITS_PATH, load_splits, make_loader
+from anytrain.data.sources import DIGITS_PATH
+from anytrain.data.splits import make_loader
+from anytrain.tasks.settle import load
+
+
+def load_data(cfg, given=None):
+    """The data a run of this config trains on (its task settled first)."""
+    return load(cfg, given)[2]
 
 
 def test_bundled_digits_load_offline_with_a_seeded_split():
-    data = load_splits(TrainConfig())
+    data = load_data(TrainConfig())
     assert (data.num_features, data.num_classes) == (64, 10)
     assert (len(data.train), len(data.validation), len(data.test)) == (1259, 179, 359)
     assert data.train.inputs.dtype == torch.float32 and data.train.inputs.max() == 16
     assert (DIGITS_PATH.parent / "DIGITS_SOURCE.md").read_text().count("CC BY 4.0") >= 1
-    again = load_splits(TrainConfig())
+    again = load_data(TrainConfig())
     assert torch.equal(again.test.inputs, data.test.inputs)  # same seed, same split
-    other = load_splits(TrainConfig(seed=1))
+    other = load_data(TrainConfig(seed=1))
     assert not torch.equal(other.test.targets, data.test.targets)
 
 
@@ -37,7 +44,7 @@ def test_local_files_in_every_format(tmp_path, fmt):
     ds = datasets.Dataset.from_dict(_table())
     path = tmp_path / ("data" if fmt == "disk" else f"data.{fmt}")
     {"parquet": ds.to_parquet, "csv": ds.to_csv, "json": ds.to_json, "disk": ds.save_to_disk}[fmt](str(path))
-    data = load_splits(TrainConfig(dataset=str(path), label_column="y"))
+    data = load_data(TrainConfig(dataset=str(path), label_column="y"))
     assert (data.num_features, data.num_classes) == (2, 3)
     assert len(data.train) + len(data.validation) + len(data.test) == 120
 
@@ -53,7 +60,7 @@ def test_named_splits_are_used_and_columns_chosen(tmp_path):
         }
     )
     dd.save_to_disk(str(tmp_path / "dd"))
-    data = load_splits(TrainConfig(dataset=str(tmp_path / "dd"), label_column="y", input_columns=["b"]))
+    data = load_data(TrainConfig(dataset=str(tmp_path / "dd"), label_column="y", input_columns=["b"]))
     assert (len(data.train), len(data.validation), len(data.test)) == (100, 30, 20)
     assert data.num_features == 1
     assert torch.allclose(data.test.inputs[:, 0], torch.tensor(_table(20, seed=2)["b"], dtype=torch.float32))
@@ -62,19 +69,18 @@ def test_named_splits_are_used_and_columns_chosen(tmp_path):
 def test_string_labels_map_to_sorted_class_ids(tmp_path):
     path = tmp_path / "s.csv"
     path.write_text("x,kind\n" + "".join(f"{i},{'cat' if i % 2 else 'dog'}\n" for i in range(50)))
-    data = load_splits(TrainConfig(dataset=str(path), label_column="kind", val_fraction=0.2, test_fraction=0.2))
+    data = load_data(TrainConfig(dataset=str(path), label_column="kind", val_fraction=0.2, test_fraction=0.2))
     assert data.num_classes == 2
     rows = torch.cat([data.train.inputs, data.validation.inputs, data.test.inputs])[:, 0]
     labels = torch.cat([data.train.targets, data.validation.targets, data.test.targets])
     assert torch.equal(labels, (rows.long() % 2 == 0).long())  # 'cat' = 0, 'dog' = 1
     assert data.class_names == ["cat", "dog"]  # saved with the weights, so a prediction can say the name
-    from anytrain.tasks import TASKS
-
-    assert TASKS["classify"]().weights_metadata(data)["class_names"] == '["cat", "dog"]'
+    _, task, data = load(TrainConfig(dataset=str(path), label_column="kind", val_fraction=0.2, test_fraction=0.2))
+    assert task.weights_metadata()["class_names"] == '["cat", "dog"]'
 
 
 def test_synthetic_is_learnable_and_sized_by_options():
-    data = load_splits(
+    data = load_data(
         TrainConfig(dataset="synthetic", synthetic_samples=1000, synthetic_features=12, synthetic_classes=4)
     )
     assert (data.num_features, data.num_classes) == (12, 4)
@@ -86,7 +92,7 @@ def test_synthetic_is_learnable_and_sized_by_options():
 
 
 def test_loader_fetches_whole_batches_in_the_seeded_sampler_order():
-    data = load_splits(TrainConfig())
+    data = load_data(TrainConfig())
     loader = make_loader(data.train, TrainConfig(batch_size=100), shuffle=False)
     x, y = next(iter(loader))
     assert x.shape == (100, 64) and torch.equal(y, data.train.targets[:100])
@@ -94,7 +100,7 @@ def test_loader_fetches_whole_batches_in_the_seeded_sampler_order():
 
 def _error(**kwargs) -> str:
     with pytest.raises(ConfigError) as exc:
-        load_splits(TrainConfig(**kwargs))
+        load_data(TrainConfig(**kwargs))
     return str(exc.value)
 
 
@@ -107,7 +113,7 @@ def test_bad_data_gets_a_clear_message(tmp_path):
     (tmp_path / "junk.parquet").write_bytes(b"not a parquet file at all")
     assert "cannot read" in _error(dataset=str(tmp_path / "junk.parquet"))
     (tmp_path / "data.txt").write_text("1,2\n")
-    assert "unsupported file type" in _error(dataset=str(tmp_path / "data.txt"))
+    assert "unsupported file type" in _error(dataset=str(tmp_path / "data.txt"), task="classify")  # a .txt is text
     assert "column 'target' not in" in _error(label_column="target")
     assert "--input-columns: column 'pix' not in" in _error(input_columns=["pix"])
     assert "outside the 5 classes" in _error(num_classes=5)
@@ -133,7 +139,9 @@ def test_nan_and_non_numeric_features_and_bad_labels(tmp_path):
     assert "outside the" in _error(dataset=str(tmp_path / "neg.csv"))
     (tmp_path / "frac.json").write_text("\n".join(json.dumps({"x": i, "label": i / 3}) for i in range(30)))
     assert "integer class ids or strings" in _error(dataset=str(tmp_path / "frac.json"), task="classify")
-    assert load_splits(TrainConfig(dataset=str(tmp_path / "frac.json"))).task == "regress"  # --task auto: a quantity
+    assert (
+        load(TrainConfig(dataset=str(tmp_path / "frac.json")))[0].cfg.data.task == "regress"
+    )  # --task auto: a quantity
 
 
 def test_hub_name_goes_through_datasets_and_fails_clearly_offline():
@@ -147,7 +155,7 @@ def test_list_columns_become_rows_of_features_and_ragged_lists_are_refused(tmp_p
         for i in range(40)
     ]
     (tmp_path / "images.json").write_text("\n".join(json.dumps(r) for r in rows))
-    data = load_splits(TrainConfig(dataset=str(tmp_path / "images.json")))
+    data = load_data(TrainConfig(dataset=str(tmp_path / "images.json")))
     assert data.num_features == 7 and data.num_classes == 2
     for x, y in zip(data.train.inputs.tolist(), data.train.targets.tolist()):
         i = int(x[0])  # row i: the image's values i..i+5 in row-major order, then the scalar column
@@ -176,7 +184,7 @@ def test_a_label_that_looks_like_a_quantity_gets_a_warning_naming_task_regress(t
 
     path = _diabetes_like(tmp_path / "diabetes.parquet")
     for max_mb in (1024, 0):  # tensors in memory, and rows read per batch from Arrow
-        data = load_splits(TrainConfig(dataset=str(path), label_column="target", max_in_memory_mb=max_mb))
+        data = load_data(TrainConfig(dataset=str(path), label_column="target", max_in_memory_mb=max_mb))
         distinct, rows = len(torch.unique(data.train.targets)), len(data.train)
         assert data.num_classes == 347 and rows == 442 - 44 - 88 and distinct > 0.1 * rows
         warning = (
@@ -190,19 +198,19 @@ def test_a_label_that_looks_like_a_quantity_gets_a_warning_naming_task_regress(t
     assert out.splitlines().count(f"anytrain: {warning}") == 1, out
     # integer ids spread thin: 3 distinct values but 101 classes
     (tmp_path / "codes.csv").write_text("x,code\n" + "".join(f"{i},{(i % 3) * 50}\n" for i in range(300)))
-    assert load_splits(TrainConfig(dataset=str(tmp_path / "codes.csv"), label_column="code")).notes == [
+    assert load_data(TrainConfig(dataset=str(tmp_path / "codes.csv"), label_column="code")).notes == [
         "WARNING: --label-column 'code' looks like a quantity (3 distinct values up to 100, so 101 classes): "
         "for regression use --task regress"
     ]
 
 
 def test_class_labels_do_not_get_the_quantity_warning(tmp_path):
-    assert load_splits(TrainConfig()).notes == []  # digits: 10 classes over 1,259 rows
+    assert load_data(TrainConfig()).notes == []  # digits: 10 classes over 1,259 rows
     path = _diabetes_like(tmp_path / "diabetes.parquet")
-    assert load_splits(TrainConfig(dataset=str(path), label_column="target", num_classes=400)).notes == []  # told
+    assert load_data(TrainConfig(dataset=str(path), label_column="target", num_classes=400)).notes == []  # told
     many = tmp_path / "many.csv"  # 30 classes over 2,000 rows: below 10 % of the training rows
     many.write_text("x,label\n" + "".join(f"{i},{i % 30}\n" for i in range(2000)))
-    assert load_splits(TrainConfig(dataset=str(many))).notes == []
+    assert load_data(TrainConfig(dataset=str(many))).notes == []
     named = tmp_path / "named.csv"  # string labels are names, whatever their number
     named.write_text("x,label\n" + "".join(f"{i},class{i % 100}\n" for i in range(300)))
-    assert load_splits(TrainConfig(dataset=str(named))).notes == []
+    assert load_data(TrainConfig(dataset=str(named))).notes == []

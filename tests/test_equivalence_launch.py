@@ -197,12 +197,13 @@ def test_evaluation_is_identical_on_one_and_two_ranks(two_ranks_sgd, one_rank):
     gives exactly the metrics the 2 ranks reported."""
     from accelerate import Accelerator
 
-    from anytrain.data import load_splits, make_loader
-    from anytrain.tasks import Classification, evaluate
+    from anytrain.data.splits import make_loader
+    from anytrain.tasks import evaluate
+    from anytrain.tasks.settle import load
 
     summary, run_dir, _ = two_ranks_sgd
     cfg = TrainConfig(**SGD, batch_size=16)
-    data = load_splits(cfg)
+    _, task, data = load(cfg)
     assert (len(data.train), len(data.validation), len(data.test)) == (512, 101, 103)
     accelerator = Accelerator(cpu=True)
     model = accelerator.prepare(load_model(run_dir))
@@ -211,7 +212,7 @@ def test_evaluation_is_identical_on_one_and_two_ranks(two_ranks_sgd, one_rank):
     try:
         for split, key in (("validation", "val"), ("test", "test")):
             loader = accelerator.prepare(make_loader(getattr(data, split), cfg, shuffle=False))
-            single = evaluate(model, loader, Classification(), accelerator.gather_for_metrics)
+            single = evaluate(model, loader, task, accelerator.gather_for_metrics)
             assert single["samples"] == len(getattr(data, split))
             assert (single["loss"], single["accuracy"]) == (summary[f"{key}_loss"], summary[f"{key}_accuracy"])
     finally:

@@ -26,7 +26,7 @@ from anytrain import load_model
 from anytrain.cli import main
 from anytrain.config import parse_config
 from anytrain.sample import sample
-from anytrain.tasks import HFCausalLM
+from anytrain.tasks.hf_lm import HFCausalLM
 from anytrain.trainer import train
 
 pytest.importorskip("transformers")
@@ -97,12 +97,12 @@ def test_the_bert_learns_the_topics_and_transformers_loads_the_result(folders, t
 
 
 def test_the_texts_are_padded_unevenly(folders):
-    from anytrain.tasks import load_task
+    from anytrain.tasks.settle import load
 
-    _, data = load_task(parse_config(lm_args(folders)))
+    _, _, data = load(parse_config(lm_args(folders)))
     lengths = data.train.lengths
     assert (len(data.train), len(data.validation), len(data.test)) == (256, 33, 35)
-    assert lengths.min() <= 4 and lengths.max() >= 60 and data.tokenizer.pad_token == "<|endoftext|>"
+    assert lengths.min() <= 4 and lengths.max() >= 60 and data.train.tokenizer.pad_token == "<|endoftext|>"
     inputs, targets = data.train.__getitems__([0, 1, 2])
     assert ((targets == -100) == (inputs["attention_mask"] == 0)).all()  # padding never has a label
 
@@ -112,9 +112,9 @@ def test_per_micro_batch_means_would_not_equal_the_big_batch(folders):
     another gradient than the mean over all the tokens, by far more than the tolerance."""
     from transformers import AutoModelForCausalLM
 
-    from anytrain.tasks import load_task
+    from anytrain.tasks.settle import load
 
-    _, data = load_task(parse_config(lm_args(folders)))
+    _, _, data = load(parse_config(lm_args(folders)))
     model = AutoModelForCausalLM.from_pretrained(folders["gpt2"])
 
     def grad(batches, **kwargs):

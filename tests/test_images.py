@@ -5,6 +5,7 @@ file that cannot be decoded named in one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -17,11 +18,16 @@ from imagedata import digit_images, write_image_parquet, write_imagefolder
 import anytrain
 from anytrain.cli import main
 from anytrain.config import TrainConfig
-from anytrain.data import load_splits
 from anytrain.data.images import ImageRows, auto_image_workers
 from anytrain.predict import predict
+from anytrain.tasks.settle import load, task_from_options
 
 EXAMPLE = ROOT / "examples" / "own_model.py"
+
+
+def load_data(cfg, given=None):
+    """The data a run of this config trains on (its task settled first)."""
+    return load(cfg, given)[2]
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +131,7 @@ def test_auto_workers_give_images_a_worker_only_where_it_has_a_core(monkeypatch)
 
 
 def test_augmentation_is_a_function_of_seed_epoch_and_index(gray):
-    data = load_splits(TrainConfig(dataset=str(gray), augment=["crop", "flip"]))
+    data = load_data(TrainConfig(dataset=str(gray), augment=["crop", "flip"]))
     first, _ = data.train.__getitems__([0, 5, 9])
     again, _ = data.train.__getitems__([9, 0])
     assert torch.equal(first[0], again[1]) and torch.equal(first[2], again[0])  # the same image in any batch
@@ -133,12 +139,9 @@ def test_augmentation_is_a_function_of_seed_epoch_and_index(gray):
     other, _ = data.train.__getitems__([0, 5, 9])
     assert not torch.equal(first, other)  # a new epoch draws new crops and flips
     plain, _ = data.validation.__getitems__([0, 1])
-    mean = data.look.mean.view(1, -1, 1, 1)
-    assert (
-        plain.shape == (2, 1, 16, 16)
-        and abs(plain.mean().item()) < 1.0
-        and data.look.mean.item() == pytest.approx(mean.item())
-    )
+    look = data.validation.look  # normalised with the training split's statistics, saved with the weights
+    assert plain.shape == (2, 1, 16, 16) and abs(plain.mean().item()) < 1.0
+    assert data.facts["image_mean"] == look.mean.tolist() and json.loads(data.metadata["image_look"])["size"] == 16
 
 
 def test_an_image_that_cannot_be_decoded_is_named_in_one_line(tmp_path, capsys):
@@ -182,7 +185,7 @@ def test_an_image_folder_with_stray_text_files_trains_as_images_and_counts_them(
     (folder / "notes.txt").write_text("where these images came from")
     (folder / "3" / "README.txt").write_text("the threes")
     (folder / ".DS_Store").write_bytes(b"hidden: datasets ignores it, and so does the count")
-    assert TrainConfig(dataset=str(folder)).data.task == "auto"  # not lm: the labels then make it classify
+    assert task_from_options(TrainConfig(dataset=str(folder))) is None  # not lm: the labels then make it classify
     s = anytrain.train(
         {"model": "mlp", "hidden_sizes": [64], "dropout": 0.0, "augment": [], "lr": 0.01, "epochs": 4},
         dataset=str(folder),
@@ -202,8 +205,8 @@ def test_a_folder_is_an_image_folder_when_it_holds_images_even_beside_more_text_
     folder = write_imagefolder(tmp_path / "img", size=8, count=20)
     for i in range(25):
         (folder / f"note{i:02d}.txt").write_text(f"note {i}")
-    data = load_splits(TrainConfig(dataset=str(folder), model="mlp"))
-    assert len(data.train) + len(data.validation) + len(data.test) == 20 and len(data.skipped_files) == 25
+    data = load_data(TrainConfig(dataset=str(folder), model="mlp"))
+    assert len(data.train) + len(data.validation) + len(data.test) == 20 and len(data.facts["skipped_files"]) == 25
     assert data.notes == [
         f"skipped 25 files that are not images in {folder}: note00.txt, note01.txt, note02.txt, note03.txt, "
         "note04.txt and 20 more"
@@ -211,7 +214,7 @@ def test_a_folder_is_an_image_folder_when_it_holds_images_even_beside_more_text_
     text = tmp_path / "corpus"  # a folder of .txt files and no images is still text
     text.mkdir()
     (text / "a.txt").write_text("hello")
-    assert TrainConfig(dataset=str(text)).data.task == "lm"
+    assert task_from_options(TrainConfig(dataset=str(text)))[0] == "lm"
 
 
 def _class_folders(root: Path, layout: dict[str, int]) -> Path:

@@ -17,8 +17,10 @@ import anytrain.data.text as text_module
 from anytrain import TrainConfig, load_model
 from anytrain.cli import main
 from anytrain.config import ConfigError
-from anytrain.data.text import SHAKESPEARE_PATH, Vocab, load_text_splits
+from anytrain.data.text import SHAKESPEARE_PATH, load_text_splits
+from anytrain.data.tokenizer import Vocab
 from anytrain.sample import sample
+from anytrain.tasks.settle import task_from_options
 from anytrain.trainer import train
 
 SHAKESPEARE = SHAKESPEARE_PATH.read_text()
@@ -63,10 +65,14 @@ def test_shakespeare_splits_like_nanogpt_with_its_65_character_vocabulary():
     data = load_text_splits(TrainConfig(dataset="shakespeare"))
     n = len(SHAKESPEARE)
     assert (data.train.num_tokens, data.validation.num_tokens) == (int(n * 0.9), n - int(n * 0.9))
-    assert data.vocab.kind == "char" and data.vocab.chars == "".join(sorted(set(SHAKESPEARE))) and data.vocab.size == 65
+    assert (
+        data.tokenizer.kind == "char"
+        and data.tokenizer.chars == "".join(sorted(set(SHAKESPEARE)))
+        and data.tokenizer.size == 65
+    )
     assert data.train.tokens.dtype == np.uint8  # one byte per token, held once
-    assert data.vocab.decode(data.train.tokens[:40]) == SHAKESPEARE[:40]
-    assert data.vocab.decode(data.validation.tokens[:40]) == SHAKESPEARE[int(n * 0.9) :][:40]
+    assert data.tokenizer.decode(data.train.tokens[:40]) == SHAKESPEARE[:40]
+    assert data.tokenizer.decode(data.validation.tokens[:40]) == SHAKESPEARE[int(n * 0.9) :][:40]
     assert data.test is None  # nanoGPT's split has no test part
 
 
@@ -75,7 +81,10 @@ def test_windows_are_block_plus_one_tokens_shifted_by_one():
     inputs, targets = data.train.__getitems__([0, 100])
     assert inputs.shape == targets.shape == (2, 8) and inputs.dtype == torch.long
     assert torch.equal(inputs[:, 1:], targets[:, :-1])
-    assert data.vocab.decode(inputs[1].tolist()) + data.vocab.decode(targets[1, -1:].tolist()) == SHAKESPEARE[100:109]
+    assert (
+        data.tokenizer.decode(inputs[1].tolist()) + data.tokenizer.decode(targets[1, -1:].tolist())
+        == SHAKESPEARE[100:109]
+    )
     assert len(data.train) == data.train.num_tokens - 8  # every start position
     # validation: every non-overlapping window, fixed
     n_val = data.validation.num_tokens
@@ -93,11 +102,11 @@ def test_a_txt_file_a_folder_of_them_and_a_parquet_text_column_load_the_same_way
     text = "to be or not to be, that is the question\n" * 20
     (tmp_path / "one.txt").write_text(text)
     single = load_text_splits(TrainConfig(dataset=str(tmp_path / "one.txt"), block_size=8))
-    assert single.source.endswith("one.txt") and single.vocab.chars == "".join(sorted(set(text)))
+    assert single.source.endswith("one.txt") and single.tokenizer.chars == "".join(sorted(set(text)))
     cut = int(len(text) * 0.9)
     assert (
-        single.vocab.decode(single.train.tokens) == text[:cut]
-        and single.vocab.decode(single.validation.tokens) == text[cut:]
+        single.tokenizer.decode(single.train.tokens) == text[:cut]
+        and single.tokenizer.decode(single.validation.tokens) == text[cut:]
     )
     folder = tmp_path / "books"
     folder.mkdir()
@@ -105,24 +114,24 @@ def test_a_txt_file_a_folder_of_them_and_a_parquet_text_column_load_the_same_way
     (folder / "a.txt").write_text("first book " * 30)
     both = load_text_splits(TrainConfig(dataset=str(folder), block_size=8, val_fraction=0.2))
     joined = "first book " * 30 + "\n" + "second book " * 30  # files in name order, one newline between
-    assert both.vocab.decode(np.concatenate([both.train.tokens, both.validation.tokens])) == joined
+    assert both.tokenizer.decode(np.concatenate([both.train.tokens, both.validation.tokens])) == joined
     docs = ["hello world, " * 10, "goodbye moon. " * 10]
     pq.write_table(pa.table({"story": docs, "stars": [1, 2]}), tmp_path / "stories.parquet")
     cfg = TrainConfig(dataset=str(tmp_path / "stories.parquet"), text_column="story", block_size=8)
-    assert cfg.data.task == "lm"  # --text-column implies language modelling
+    assert task_from_options(cfg)[0] == "lm"  # --text-column implies language modelling
     table = load_text_splits(cfg)
-    assert table.vocab.decode(np.concatenate([table.train.tokens, table.validation.tokens])) == "\n".join(docs)
+    assert table.tokenizer.decode(np.concatenate([table.train.tokens, table.validation.tokens])) == "\n".join(docs)
 
 
 def test_byte_vocabulary_is_the_fallback_for_unknown_alphabets(tmp_path):
     text = "abc " * 100 + "ünïcödé " * 5  # the last 10 % holds characters the training text lacks
     (tmp_path / "t.txt").write_text(text)
     data = load_text_splits(TrainConfig(dataset=str(tmp_path / "t.txt"), block_size=8))
-    assert data.vocab.kind == "byte" and data.vocab.size == 256
-    assert data.vocab.decode(np.concatenate([data.train.tokens, data.validation.tokens])) == text
+    assert data.tokenizer.kind == "byte" and data.tokenizer.size == 256
+    assert data.tokenizer.decode(np.concatenate([data.train.tokens, data.validation.tokens])) == text
     with pytest.raises(ConfigError, match="--tokenizer char: the training text lacks characters"):
         load_text_splits(TrainConfig(dataset=str(tmp_path / "t.txt"), block_size=8, vocab="char"))
-    assert load_text_splits(TrainConfig(dataset="shakespeare", vocab="byte")).vocab.kind == "byte"
+    assert load_text_splits(TrainConfig(dataset="shakespeare", vocab="byte")).tokenizer.kind == "byte"
 
 
 def test_large_token_arrays_are_memory_mapped_from_a_cache_and_equal_the_in_memory_ones(monkeypatch, tmp_path):

@@ -17,9 +17,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from anytrain import TrainConfig, load_model
-from anytrain.data import load_splits
 from anytrain.optim import build_optimizer, build_scheduler, lr_factor
-from anytrain.tasks import Classification
+from anytrain.tasks.classify import Classification
+from anytrain.tasks.settle import load
 from anytrain.trainer import train
 from anytrain.usermodel import make_model
 
@@ -38,8 +38,8 @@ def reference_loop(cfg: TrainConfig, *, train_loader_own_generator: bool = True)
     epoch's iterator then draws its base seed from the global RNG, which dropout also uses."""
     torch.set_flush_denormal(True)  # as the trainer does on CPU (3x faster once values get tiny)
     set_seed(cfg.run.seed)  # python, numpy and torch, as the trainer does before building the model
-    data = load_splits(cfg)
-    model = make_model(cfg.model, data.shape())
+    data = load(cfg)[2]
+    model = make_model(cfg.model, data.shape)
     optimizer = build_optimizer(cfg.optim, model)
     train_set = TensorDataset(data.train.inputs, data.train.targets)
     val_loader = DataLoader(

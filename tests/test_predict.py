@@ -8,7 +8,7 @@ import pytest
 
 from anytrain import TrainConfig
 from anytrain.cli import main
-from anytrain.data import DIGITS_PATH
+from anytrain.data.sources import DIGITS_PATH
 from anytrain.trainer import train
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from anytrain.data import _load_raw
+from anytrain.data.sources import open_dataset
 from anytrain.data.speakers import load_speakers, parse_speeches, split_speeches, top_speakers
 from anytrain.data.text import SHAKESPEARE_PATH
 
@@ -38,7 +38,7 @@ def test_each_speaker_splits_70_10_20_in_text_order():
 
 
 def test_the_bundled_set_is_the_8_most_frequent_speakers_one_speech_per_row():
-    data, source = _load_raw("shakespeare-speakers")
+    data, source = open_dataset("shakespeare-speakers")
     assert "shakespeare-speakers" in source and list(data) == ["train", "validation", "test"]
     assert {name: len(ds) for name, ds in data.items()} == {"train": 908, "validation": 125, "test": 255}
     assert all(ds.column_names == ["text", "speaker"] for ds in data.values())

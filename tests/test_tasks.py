@@ -16,11 +16,17 @@ from conftest import read_metrics
 import anytrain
 from anytrain.cli import main
 from anytrain.config import ConfigError
-from anytrain.outputs import read_weights_metadata
 from anytrain.predict import predict
+from anytrain.reload import read_weights_metadata
+from anytrain.tasks.settle import load
 
 FAST = {"epochs": 12, "progress": False, "hidden_sizes": [32], "dropout": 0.0, "lr": 3e-3, "log_every_steps": 5}
 PRICE = np.array([3.0, -2.0, 0.5, 1.5])
+
+
+def load_data(cfg, given=None):
+    """The data a run of this config trains on (its task settled first)."""
+    return load(cfg, given)[2]
 
 
 def house_prices(path, rows: int = 800, seed: int = 0, targets: int = 1):
@@ -85,10 +91,10 @@ def test_metrics_are_in_original_units_and_predict_prints_values(regression):
     """The run's test RMSE and R² equal those recomputed from `anytrain predict` on the same rows."""
     root, summary = regression
     from anytrain.config import TrainConfig
-    from anytrain.data import load_splits
 
-    data = load_splits(TrainConfig(dataset=str(root / "houses.parquet"), label_column="price"))
-    truth = data.test.targets * data.target_std + data.target_mean  # back to dollars
+    data = load_data(TrainConfig(dataset=str(root / "houses.parquet"), label_column="price"))
+    stats = json.loads(data.metadata["targets"])  # the training split's, saved with the weights
+    truth = data.test.targets * torch.tensor(stats["std"]) + torch.tensor(stats["mean"])  # back to dollars
     table = {f"x{i}": data.test.inputs[:, i].numpy() for i in range(4)}
     pq.write_table(pa.table({**table, "price": truth[:, 0].numpy()}), root / "test.parquet")
     rows = predict(str(root / "run"), str(root / "test.parquet"))

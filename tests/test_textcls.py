@@ -21,8 +21,8 @@ from anytrain import TrainConfig
 from anytrain.checkpoint import check_compatible
 from anytrain.cli import main
 from anytrain.config import ConfigError, ModelConfig, parse_config, saved_options
-from anytrain.data.text import Vocab
 from anytrain.data.textcls import PAD, SPECIALS, UNK, TokenRows, encode_texts, load_text_class_splits
+from anytrain.data.tokenizer import Vocab
 from anytrain.models import build_bag, build_encoder
 from anytrain.sample import sample
 from anytrain.shape import DataShape
@@ -123,21 +123,21 @@ def test_bpe_is_trained_on_the_training_split_only_and_round_trips():
         train=datasets.Dataset.from_list(train_rows), validation=datasets.Dataset.from_list(val_rows)
     )
     data = load_text_class_splits(TrainConfig(**TINY, tokenizer="bpe", vocab_size=300, test_fraction=0.1), given)
-    bpe = data.vocab
-    assert bpe.kind == "bpe" and bpe.size == 300 and data.shape().vocab_size == 300 + SPECIALS
+    bpe = data.tokenizer
+    assert bpe.kind == "bpe" and bpe.size == 300 and data.shape.vocab_size == 300 + SPECIALS
     assert not any("zeb" in token or "quag" in token for token in bpe.tokenizer.get_vocab())  # never saw them
     assert {"Ġthe", "Ġand", "Ġfrom"} <= set(bpe.tokenizer.get_vocab())  # whole words of the training text
     for text in ("zebra quagga", "héllo wörld 日本", train_rows[0]["text"]):
         assert bpe.decode(bpe.encode(text)) == text  # byte-level: anything encodes, exactly
     lengths = data.validation.offsets[1:] - data.validation.offsets[:-1]
-    assert len(bpe.encode(val_rows[0]["text"])) > 256 and data.max_length == 256 and (lengths == 256).all()
+    assert len(bpe.encode(val_rows[0]["text"])) > 256 and data.shape.max_length == 256 and (lengths == 256).all()
 
 
 def test_auto_is_a_bpe_of_at_most_vocab_size_tokens_for_text_to_classify():
     given = datasets.Dataset.from_list(texts(100, seed=2))
     data = load_text_class_splits(TrainConfig(**TINY, vocab_size=100_000), given)  # more than the text supports
-    assert data.vocab.kind == "bpe" and 256 < data.vocab.size < 1000
-    assert load_text_class_splits(TrainConfig(**TINY, vocab_size=300), given).vocab.size == 300
+    assert data.tokenizer.kind == "bpe" and 256 < data.tokenizer.size < 1000
+    assert load_text_class_splits(TrainConfig(**TINY, vocab_size=300), given).tokenizer.size == 300
 
 
 # --------------------------------------------------------------------------- short runs

@@ -14,9 +14,15 @@ from conftest import read_metrics, read_summary
 import anytrain.trainer as trainer_module
 from anytrain import TrainConfig, load_model
 from anytrain.optim import lr_factor
+from anytrain.tasks.settle import load
 from anytrain.trainer import train
 
 FAST = {"epochs": 2, "progress": False, "hidden_sizes": [32], "log_every_steps": 1}
+
+
+def load_data(cfg, given=None):
+    """The data a run of this config trains on (its task settled first)."""
+    return load(cfg, given)[2]
 
 
 def run(tmp_path, name="run", **overrides) -> dict:
@@ -201,10 +207,8 @@ def test_run_folder_holds_config_metrics_weights_summary(tmp_path):
     assert on_disk["scenario"]["mixed_precision"] == "fp32" and on_disk["scenario"]["num_processes"] == 1
     assert on_disk["peak_memory_kind"] == "process_max_rss" and on_disk["peak_memory_bytes"] > 10_000_000
     # the saved weights load back into a model that reproduces the test accuracy on raw features
-    from anytrain.data import load_splits
-
     model = load_model(folder)
-    test = load_splits(TrainConfig()).test
+    test = load_data(TrainConfig()).test
     with torch.no_grad():
         accuracy = (model(test.inputs).argmax(1) == test.targets).float().mean().item()
     assert accuracy == pytest.approx(summary["test_accuracy"], abs=1e-6)

@@ -7,7 +7,7 @@ IMPORTED_AT = time.perf_counter()  # src/train.py's first import: summary.json's
 
 __all__ = ["DataShape", "TrainConfig", "load_model", "train"]
 __version__ = "0.1.0"
-_HOMES = {"train": ".api", "TrainConfig": ".config", "load_model": ".outputs", "DataShape": ".shape"}
+_HOMES = {"train": ".api", "TrainConfig": ".config", "load_model": ".reload", "DataShape": ".shape"}
 
 
 def __getattr__(name: str):

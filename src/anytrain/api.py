@@ -19,15 +19,17 @@ from .usermodel import OBJECT
 def make_config(config=None, model=None, dataset=None, loss_fn=None, **options) -> TrainConfig:
     """TrainConfig from a TrainConfig, a dict (flat or in sections) or a YAML file, then keyword
     options; checked like flags."""
+    given = None  # the options in values
     if isinstance(config, TrainConfig):
-        values = config.flat()
+        values, given = config.flat(), config.given
     elif isinstance(config, (str, Path)):
         values = load_yaml(str(config))
     elif isinstance(config, dict) or config is None:
         values = options_from(dict(config or {}), "config")
     else:
         raise ConfigError(f"config: expected a TrainConfig, a dict or a YAML file path, got {type(config).__name__}")
-    values.update(options_from(options, "config"))
+    options = options_from(options, "config")
+    values.update(options)
     if model is not None:  # a name or factory path is recorded as given; an object by its type's name
         values["model"] = (
             model if isinstance(model, str) else OBJECT + getattr(model, "__qualname__", type(model).__qualname__)
@@ -36,7 +38,9 @@ def make_config(config=None, model=None, dataset=None, loss_fn=None, **options) 
         values["loss"] = OBJECT + getattr(loss_fn, "__qualname__", type(loss_fn).__qualname__)
     if dataset is not None:
         values["dataset"] = dataset if isinstance(dataset, str) else f"<{type(dataset).__name__} object>"
-    return check_config(TrainConfig(**values))
+    if given is not None:  # a TrainConfig's given options, and what was passed here
+        given = given | set(options) | {k for k, v in (("model", model), ("loss", loss_fn), ("dataset", dataset)) if v}
+    return check_config(TrainConfig(_given=given, **values))
 
 
 def train(config=None, *, model=None, dataset=None, loss_fn=None, **options) -> dict:

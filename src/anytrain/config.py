@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import math
-import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +63,7 @@ def option(
     return dataclasses.field(default=default, metadata=facts)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     task: str = option(
         "auto",
@@ -174,7 +172,7 @@ class DataConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """What a model factory receives, with the data's shape: `factory(model: ModelConfig, shape: DataShape)`."""
 
@@ -217,7 +215,7 @@ class ModelConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimConfig:
     epochs: int = option(40, "passes over the training split", bounds=POSITIVE, resumable=True, model_parallel=True)
     max_steps: int = option(
@@ -276,7 +274,7 @@ class OptimConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
     eval_every_steps: int = option(
         0, "also validate every N optimizer steps; 0 = only at epoch ends", bounds=NON_NEGATIVE, resumable=True
@@ -300,7 +298,7 @@ class EvalConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     seed: int = option(42, "seed for weights, shuffling and splits", model_parallel=True)
     output_dir: str = option("runs/default", "run folder: config, metrics, weights, summary", resumable=True)
@@ -405,47 +403,41 @@ def _options() -> dict[str, Option]:
 
 OPTIONS = _options()  # by option name, in section order
 ALIASES = {alias: o.name for o in OPTIONS.values() for alias in o.aliases}  # an earlier name -> the option's name
-# models.REGISTRY, by what they learn: tables or images (any labelled task), text to classify, text to model
-LABELLED = ("mlp", "cnn", "resnet")
-REGISTRY_MODELS = {
-    **{task: LABELLED for task in ("auto", "classify", "regress", "multilabel")},
-    "classify text": ("encoder", "bag"),
-    "lm": ("gpt",),
-}
-LABELLED_TEXT = {"shakespeare-speakers": ("text", "speaker")}  # bundled text-classification sets: (text, label) columns
 
 
 class TrainConfig:
     """All options, by section: `cfg.optim.lr`, `cfg.model.name`. Made from options by their flag
-    names (`TrainConfig(lr=1e-3, model="gpt")`) and/or whole sections (`TrainConfig(optim={...})`);
-    `--task auto` is settled here, so config.yaml and checkpoints hold the task that really ran."""
+    names (`TrainConfig(lr=1e-3, model="gpt")`) and/or whole sections (`TrainConfig(optim={...})`).
+    Frozen once made: a changed option (a settled --task, tasks/settle.py) is a new config, `replace()`.
+    `given` names the options that were set rather than left at their defaults."""
 
     data: DataConfig
     model: ModelConfig
     optim: OptimConfig
     eval: EvalConfig
     run: RunConfig
+    given: frozenset[str]
 
-    def __init__(self, **values):
+    def __init__(self, _given: frozenset[str] | None = None, **values):
         sections: dict[str, dict] = {name: {} for name in SECTIONS}
+        given: set[str] = set()
         for key, value in values.items():
             key = ALIASES.get(key, key)
             if key in SECTIONS and not (key == "model" and isinstance(value, str)):
-                sections[key].update(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value)
+                fields = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+                sections[key].update(fields)
+                given.update(section_fields(key)[f] for f in fields if f in section_fields(key))
             elif key in OPTIONS:
                 sections[OPTIONS[key].section][OPTIONS[key].field] = value
+                given.add(key)
             else:
                 raise ConfigError(f"config: unknown option '{key}'")
         for name, cls in SECTIONS.items():
-            setattr(self, name, cls(**sections[name]))
-        labelled = "label_column" in sections["data"]  # given, by its flag name or in the data section
-        if self.data.dataset in LABELLED_TEXT:  # a bundled labelled text set names its own columns
-            text, label = LABELLED_TEXT[self.data.dataset]
-            self.data.text_column = self.data.text_column or text
-            if not labelled:
-                self.data.label_column, labelled = label, True
-        if self.data.task == "auto":
-            self.data.task = auto_task(self, labelled)
+            object.__setattr__(self, name, cls(**sections[name]))
+        object.__setattr__(self, "given", frozenset(given if _given is None else _given))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"TrainConfig is frozen: use cfg.replace({name}=...) for a changed config")
 
     def get(self, name: str):
         """An option's value by its option name ('lr', 'model')."""
@@ -461,59 +453,14 @@ class TrainConfig:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
     def replace(self, **options) -> TrainConfig:
-        return TrainConfig(**{**self.flat(), **options})
+        """A new config with these options changed; the options given stay given."""
+        return TrainConfig(_given=self.given | {ALIASES.get(k, k) for k in options}, **{**self.flat(), **options})
 
     def __eq__(self, other) -> bool:
         return isinstance(other, TrainConfig) and self.to_dict() == other.to_dict()
 
     def __repr__(self) -> str:
         return f"TrainConfig({', '.join(f'{k}={v!r}' for k, v in self.flat().items())})"
-
-
-def auto_task(cfg: TrainConfig, labelled: bool) -> str:
-    """--task auto, the one rule, as far as the options tell: lm for --model gpt and for text without
-    labels (the bundled shakespeare, .txt files, or --text-column without --label-column). Labelled
-    data stays auto until it is read: data/targets.py settle_task lets the labels choose classify,
-    regress or multilabel (--text-column with --label-column classifies text; a bundled labelled text
-    set, LABELLED_TEXT: shakespeare-speakers, brings both columns)."""
-    if cfg.model.name == "gpt":
-        return "lm"
-    text = is_text_dataset(cfg.data.dataset, cfg.data.text_column)
-    return "lm" if text and not (cfg.data.text_column and labelled) else "auto"
-
-
-TEXT_SUFFIXES = (".txt",)
-
-
-def is_text_dataset(dataset: str, text_column: str) -> bool:
-    """Plain text to model: the bundled Shakespeare, a .txt file, a folder holding .txt files and no
-    images (a folder that holds images is an image folder, its stray notes.txt skipped), or a named
-    text column."""
-    if dataset == "shakespeare" or text_column or dataset.lower().endswith(TEXT_SUFFIXES):
-        return True
-    path = Path(dataset).expanduser()
-    if not path.is_dir():
-        return False
-    suffixes = {p.suffix.lower() for p in visible_files(path)}
-    return bool(suffixes.intersection(TEXT_SUFFIXES)) and not suffixes & image_suffixes()
-
-
-def visible_files(folder: Path) -> list[Path]:
-    """A folder's files, subfolders included, as datasets reads a folder: hidden files and folders
-    (.name) and __name folders are left out. Sorted, so what is reported is stable."""
-    found = []
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
-        found += [Path(root, f) for f in sorted(files) if not f.startswith(".")]
-    return found
-
-
-@functools.cache
-def image_suffixes() -> frozenset[str]:
-    """The file suffixes datasets' imagefolder reads as images (.png, .jpg, ...), lower case."""
-    from datasets.packaged_modules.imagefolder.imagefolder import IMAGE_EXTENSIONS
-
-    return frozenset(IMAGE_EXTENSIONS)
 
 
 # --------------------------------------------------------------------------- flags
@@ -705,39 +652,22 @@ def check_options(cfg: TrainConfig) -> None:
 
 
 def check_config(cfg: TrainConfig) -> TrainConfig:
-    """The options' own facts, then the rules between options; data-dependent checks happen in data/."""
+    """The options' own facts, then the rules between options; the task's checks are in tasks/settle.py and
+    the data's in data/."""
     check_options(cfg)
     data, model, optim, run = cfg.data, cfg.model, cfg.optim, cfg.run
     if optim.min_lr > optim.lr:
         raise ConfigError(f"--min-lr ({optim.min_lr}) must not exceed --lr ({optim.lr})")
     if model.n_embd % model.n_head:
         raise ConfigError(f"--n-head ({model.n_head}) must divide --n-embd ({model.n_embd})")
-    learns = "classify text" if data.task in ("classify", "auto") and data.text_column else data.task
-    models = REGISTRY_MODELS[learns]
-    if ":" not in model.name and model.name not in (*models, "auto"):
-        known = (*LABELLED, "encoder", "bag", "gpt")
-        if model.name in known:
-            fits = {"classify text": "--task classify with --text-column"}.get(learns, f"--task {learns}")
-            raise ConfigError(f"--model {model.name} does not fit {fits} (choose {' or '.join(models)})")
-        raise ConfigError(
-            f"--model: unknown model '{model.name}' (choose {', '.join(known)}, or give your own as "
-            "module:factory or file.py:factory)"
-        )
     if data.val_fraction + data.test_fraction >= 1:
         raise ConfigError("--val-fraction plus --test-fraction must leave some training data")
     if run.resume and run.overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: choose one")
     if data.streaming and not optim.max_steps:
         raise ConfigError("--streaming needs --max-steps: a stream has no length to size the learning-rate schedule by")
-    if optim.loss in ("mse", "huber") and data.task not in ("regress", "auto"):
-        raise ConfigError(f"--loss {optim.loss} is a regression loss; --task {data.task} has its own (--loss auto)")
     if optim.loss not in ("auto", "mse", "huber") and ":" not in optim.loss:
         raise ConfigError(f"--loss: unknown loss '{optim.loss}' (choose auto, mse, huber, or your own as module:fn)")
-    if data.streaming and (data.task not in ("classify", "auto") or data.text_column):
-        raise ConfigError(
-            "--streaming reads classification data (tables of numbers or images); text is tokenised first instead "
-            "(into memory, or memory-mapped files for language models)"
-        )
     if data.persistent_workers and data.num_workers == 0:
         raise ConfigError("--persistent-workers needs --num-workers > 0")
     if model.name == "cnn" and not model.channels:

@@ -33,7 +33,8 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
 from .config import OPTIONS, ConfigError, OneLineParser, TrainConfig, add_options, check_config
-from .tasks import Classification, evaluate
+from .tasks import evaluate
+from .tasks.classify import Classification
 
 MODES = ("single", "naive", "pipelined")
 
@@ -226,7 +227,7 @@ def placement(model: nn.Module) -> str:
 
 def make_train_loader(data, cfg: TrainConfig) -> tuple[DataLoader, RandomSampler]:
     """Shuffled like the trainer's: epoch e's order is torch.randperm(n, generator seeded with seed + e)."""
-    from .data import keep_batch
+    from .data.splits import keep_batch
 
     sampler = RandomSampler(data, generator=torch.Generator())
     loader = DataLoader(
@@ -263,8 +264,10 @@ def prepare(cfg: TrainConfig, mode: str, split_at: int | None, micro_batches: in
     initial weights, optimizer and schedule, one process, fp32."""
     from accelerate.utils import set_seed
 
-    from .data import load_splits, make_loader
+    from .data.splits import make_loader
     from .optim import build_optimizer, build_scheduler
+    from .tasks import make_task
+    from .tasks.settle import settle
     from .usermodel import make_model
 
     if cfg.data.task not in ("classify", "auto"):
@@ -272,12 +275,14 @@ def prepare(cfg: TrainConfig, mode: str, split_at: int | None, micro_batches: in
             f"model_parallel trains classifiers (tables of numbers); --task {cfg.data.task} is not offered"
         )
     set_seed(cfg.run.seed)  # the same initial weights as the trainer and as every other mode
-    data = load_splits(cfg)
-    if data.task != "classify":
+    settled = settle(cfg)  # the one place a task is decided, as for the trainer
+    if settled.key != "classify":
         raise ConfigError(
-            f"model_parallel trains classifiers; the labels of {data.source} make this a {data.task} task"
+            f"model_parallel trains classifiers; the labels of {cfg.data.dataset} make this a "
+            f"{settled.cfg.data.task} task"
         )
-    model = make_model(cfg.model, data.shape())
+    data = make_task(settled.cfg, settled.key).load_data()
+    model = make_model(cfg.model, data.shape)
     if not isinstance(model, nn.Sequential):
         raise ConfigError(
             f"--model {cfg.model.name}: model parallelism cuts a flat nn.Sequential into two stages; got "
@@ -331,12 +336,12 @@ def train_model_parallel(
         step, seen, loss = train_epoch(cfg, model, train_loader, optimizer, scheduler, step, total_steps)
         samples += seen
         train_seconds += time.perf_counter() - epoch_start
-        val = evaluate(model, on_devices(model, val_loader), Classification())
+        val = evaluate(model, on_devices(model, val_loader), Classification(cfg))
         metrics = f"loss {loss.item():.4f}, val_loss {val['loss']:.4f}, val_accuracy {val['accuracy']:.4f}"
         say(f"epoch {epoch}: step {step}, {metrics}")
         if step >= total_steps:
             break
-    test = evaluate(model, on_devices(model, test_loader), Classification())
+    test = evaluate(model, on_devices(model, test_loader), Classification(cfg))
     summary = {
         "mode": mode,
         "placement": placement(model),
@@ -349,10 +354,11 @@ def train_model_parallel(
         "samples_per_s": samples / train_seconds if train_seconds else None,
         "train_seconds": train_seconds,
         "wall_time_s": time.perf_counter() - started,
-        **{
-            key: getattr(data, name)
-            for key, name in (("dataset", "source"), ("num_features",) * 2, ("num_classes",) * 2)
-        },
+        "dataset": data.source,
+        "num_features": data.shape.num_features,
+        "num_classes": data.num_classes,
+        "data_shape": data.shape.to_json(),  # saved with the weights, as every run's (save_run)
+        "input_columns": data.input_columns,
     }
     results = f"test_accuracy {test['accuracy']:.4f}, test_loss {test['loss']:.4f}, {summary['wall_time_s']:.1f}s"
     say(f"model_parallel: {mode}: {results}")
@@ -361,7 +367,10 @@ def train_model_parallel(
 
 def save_run(model: nn.Module, summary: dict, cfg: TrainConfig, output_dir: str) -> None:
     """model.safetensors (loadable with anytrain.load_model, whatever the mode) and summary.json."""
+    import json
+
     from .outputs import WEIGHTS, save_weights, write_json
+    from .tasks import META_KEY
 
     run_dir = Path(output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -370,7 +379,13 @@ def save_run(model: nn.Module, summary: dict, cfg: TrainConfig, output_dir: str)
         merged.state_dict(),
         run_dir / WEIGHTS,
         cfg,
-        {"num_features": str(summary["num_features"]), "num_classes": str(summary["num_classes"])},
+        {
+            "data_shape": summary["data_shape"],
+            "num_features": str(summary["num_features"]),
+            "num_classes": str(summary["num_classes"]),
+            **({"input_columns": json.dumps(summary["input_columns"])} if summary["input_columns"] else {}),
+            META_KEY: "classify",
+        },
     )
     write_json(run_dir / "summary.json", summary)
 

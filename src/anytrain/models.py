@@ -232,3 +232,10 @@ REGISTRY = {
     "bag": build_bag,
     "gpt": build_gpt,
 }
+# What the registry's models learn: tables or images (any labelled task), text to classify, text to model.
+LABELLED = ("mlp", "cnn", "resnet")
+FITS = {
+    **{task: LABELLED for task in ("classify", "regress", "multilabel")},
+    "classify text": ("encoder", "bag"),
+    "lm": ("gpt",),
+}

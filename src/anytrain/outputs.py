@@ -13,11 +13,10 @@ import resource
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import save_file
 
-from .config import TrainConfig, saved_options
+from .config import TrainConfig
 from .files import atomic_path, write_atomically
-from .tasks import get_task
 
 WEIGHTS = "model.safetensors"
 
@@ -49,7 +48,7 @@ class MetricsLog:
 
 
 def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, data_metadata: dict) -> None:
-    """safetensors file whose metadata says how to rebuild the model (see load_model): the config,
+    """safetensors file whose metadata says how to rebuild the model (reload.load_model): the config,
     and the task's data facts (features and classes, or the vocabulary)."""
     tensors, seen = {}, set()
     for k, v in state_dict.items():  # a tensor shared by two names (tied embeddings) is stored under each
@@ -58,37 +57,6 @@ def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, data_metadata: 
         seen.add(v.data_ptr())
     with atomic_path(path) as tmp:  # whole or absent: a kill mid-write leaves the previous file or none
         save_file(tensors, str(tmp), metadata={"anytrain_config": json.dumps(cfg.to_dict()), **data_metadata})
-
-
-def weights_file(run_dir: str | Path) -> Path:
-    """A finished run folder's model.safetensors (or the file itself); ConfigError naming run_dir if absent."""
-    from .config import ConfigError
-
-    path = Path(run_dir)
-    weights = path / WEIGHTS if path.is_dir() else path
-    if not weights.is_file():
-        raise ConfigError(f"run_dir: no {WEIGHTS} in {run_dir} (a finished run folder is needed)")
-    return weights
-
-
-def read_weights_metadata(path: str | Path) -> tuple[Path, TrainConfig, dict]:
-    """(weights file, the config it was trained with, its metadata) of a run folder or model.safetensors."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / WEIGHTS
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata()
-    return path, TrainConfig(**saved_options(json.loads(meta["anytrain_config"]))), meta
-
-
-def load_model(path: str | Path, model: torch.nn.Module | None = None) -> torch.nn.Module:
-    """Rebuild the trained model from a run folder (or its model.safetensors), ready for inference
-    (a classifier on raw features or normalised images, a GPT on token ids). A model that was
-    passed to anytrain.train() as an object is not rebuilt: pass a fresh one as `model`."""
-    path, cfg, meta = read_weights_metadata(path)
-    model = get_task(cfg).model_from_metadata(cfg, meta, model)
-    model.load_state_dict(load_file(str(path)))
-    return model.eval()
 
 
 def weights_fingerprint(state_dict: dict) -> str:

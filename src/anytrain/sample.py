@@ -16,8 +16,7 @@ import sys
 import torch
 
 from .config import ConfigError, OneLineParser
-from .outputs import load_model, read_weights_metadata, weights_file
-from .tasks import vocab_of
+from .reload import load_model, read_weights_metadata, weights_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,8 +55,8 @@ def sample(
     seed: int = 0,
     device: str = "cpu",
 ) -> str:
-    """The prompt followed by `tokens` sampled tokens, decoded. ConfigError on bad input."""
-    from .gpt import generate
+    """The prompt followed by `tokens` sampled tokens, decoded, by the run's task. ConfigError on bad input."""
+    from .tasks import task_of_run
 
     weights = weights_file(run_dir)
     if tokens < 0 or temperature <= 0 or top_k < 0:
@@ -81,22 +80,8 @@ def sample(
         )
     if not prompt:
         raise ConfigError("--prompt must not be empty")
-    if "hf" in meta:  # a transformers model: its own generate() and tokenizer (run_dir/hf)
-        from .hf import generate as generate_hf
-
-        return generate_hf(load_model(weights), weights.parent, prompt, tokens, temperature, top_k, seed, device)
-    vocab = vocab_of(meta, weights.parent)
-    try:
-        ids = vocab.encode(prompt)
-    except KeyError as unknown:
-        raise ConfigError(f"--prompt: characters not in the run's vocabulary: {unknown.args[0]!r}") from None
-    model = load_model(weights).to(device)
-    context = torch.tensor(ids[-model.block_size :], dtype=torch.long, device=device)[
-        None
-    ]  # longer prompts are cropped
-    generator = torch.Generator(device=device).manual_seed(seed)
-    out = generate(model, context, tokens, temperature=temperature, top_k=top_k, generator=generator)
-    return prompt + vocab.decode(out[0, context.shape[1] :].tolist())
+    settings = {"tokens": tokens, "temperature": temperature, "top_k": top_k, "seed": seed, "device": device}
+    return task_of_run(cfg, meta).sample(load_model(weights), weights.parent, meta, prompt, settings)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,8 +4,8 @@
 the loop itself, read top to bottom: the epochs, the per-batch step, then one line for each thing
 that happens every N optimizer steps (log, validate, stop on a signal, checkpoint); the methods
 after it hold only those bodies. `finish()` evaluates the test split and writes the run folder.
-What differs between tasks (classification, language modelling) lives in tasks.py: the data, the
-model, the loss and the metric names.
+What differs between tasks (classification, language modelling, ...) lives in tasks/, one module per
+task: the data, the model, the loss and the metrics.
 """
 
 from __future__ import annotations
@@ -27,33 +27,26 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import IMPORTED_AT
-from .checkpoint import (
-    Progress,
-    check_run_folder,
-    check_writable,
-    find_resume_checkpoint,
-    load_checkpoint,
-    resolve_auto_resume,
-    save_checkpoint,
-    start_run_folder,
-)
+from .checkpoint import Progress, find_resume_checkpoint, load_checkpoint, resolve_auto_resume, save_checkpoint
 from .config import ConfigError, TrainConfig
-from .data import loader_workers, make_loader
+from .data.splits import Splits, loader_workers, make_loader
 from .files import write_atomically
 from .optim import build_optimizer, build_scheduler
 from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weights_fingerprint, write_json
+from .runfolder import check_run_folder, check_writable, start_run_folder
 from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator
-from .tasks import check_loss, evaluate, load_task, run_files, training_loss, user_loss_function
+from .tasks import META_KEY, Task, check_loss, evaluate, training_loss, user_loss_function
+from .tasks.settle import Settled, load
 from .usermodel import forward_for, model_name, targets_keyword
 
 
-def load_data(accelerator, cfg: TrainConfig, given=None):
-    """(task, data): the data loaded and --task auto settled by its labels (tasks.load_task)."""
+def load_data(accelerator, cfg: TrainConfig, given=None) -> tuple[Settled, Task, Splits]:
+    """The task settled (tasks/settle.py: from the options, else the training labels), then its data loaded."""
     # The main process prepares (and caches) the dataset first; the others then read the cache.
     with accelerator.main_process_first():
         try:
-            return load_task(cfg, given)
+            return load(cfg, given)
         except ConfigError as err:
             error = err  # leave the context normally so no rank is left waiting at its barrier
     raise error
@@ -185,9 +178,10 @@ class LossWindow:
 class Parts:
     """Everything the loop works with, prepared by accelerate."""
 
+    cfg: TrainConfig  # the settled config
     accelerator: Accelerator
-    task: object
-    data: object
+    task: Task
+    data: Splits
     model: nn.Module
     forward: Callable  # how the loop calls the model (tasks.forward_for)
     criterion: Callable  # the training loss (tasks.training_loss)
@@ -233,6 +227,7 @@ def _train(cfg: TrainConfig, signals: StopSignals, lock: RunLock, given: Given) 
     scenario = describe(accelerator)
     accelerator.print(format_scenario(scenario))
     parts = setup(cfg, accelerator, lock, given)
+    cfg = parts.cfg  # with the task settled
     loop = Loop(cfg, parts, signals)
     stopped_early_at = loop.run()
     return finish(cfg, parts, loop, {"stopped_early_at_epoch": stopped_early_at, "scenario": scenario}, started)
@@ -258,22 +253,23 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     run_dir = Path(cfg.run.output_dir)
     # Every check that can refuse the run happens before anything is written.
     check_not_in_use(run_dir)  # a run still training in the folder is said first (the lock is taken below)
-    check_run_folder(cfg)
     resume_from, pointer_warning = find_resume_checkpoint(cfg) if cfg.run.resume else (None, None)
     user_loss = given.loss_fn or (user_loss_function(cfg.optim.loss) if ":" in cfg.optim.loss else None)
     set_seed(cfg.run.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
-    task, data = load_data(accelerator, cfg, given.dataset)
-    accelerator.print(f"anytrain: task {task.name} ({getattr(data, 'task_reason', '') or 'auto'})")
-    for note in getattr(data, "notes", ()):  # skipped files, a label that looks like a quantity
+    settled, task, data = load_data(accelerator, cfg, given.dataset)
+    cfg = settled.cfg  # a new config: the task settled, as config.yaml and the checkpoints hold it
+    accelerator.print(f"anytrain: task {task.name} ({settled.reason})")
+    for note in data.notes:  # skipped files, a label that looks like a quantity
         accelerator.print(f"anytrain: {note}")
+    check_run_folder(cfg)
     check_writable(run_dir)
     take_lock(accelerator, lock)
 
-    model = task.build_model(cfg, data, given.model)
+    model = task.build_model(given.model)
     forward = forward_for(model)  # model(inputs), or with the targets for a model that computes its own loss
     criterion = training_loss(task, user_loss)
     if user_loss is not None or targets_keyword(model):  # the task's own loss on checked logits needs no trial
-        check_loss(criterion, model, task, data.shape(), forward)
+        check_loss(criterion, model, task, data.shape, forward)
     optimizer = build_optimizer(cfg.optim, model, accelerator.device.type)
     splits = [split for split in (data.train, data.validation, data.test) if split is not None]
     loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in splits]
@@ -282,9 +278,10 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     total_steps = count_steps(cfg, loaders[0])
     scheduler = build_scheduler(cfg.optim, optimizer, total_steps)
     described = {
-        "model": model_name(cfg.model, data.shape()),
+        "task_reason": settled.reason,
+        "model": model_name(cfg.model, data.shape),
         "num_workers": loader_workers(data.train, cfg),
-        **task.describe_data(data, model_of(accelerator, model)),
+        **task.describe_data(model_of(accelerator, model)),
     }
     progress = Progress(config=cfg.to_dict(), data=described)
     if resume_from is not None:
@@ -294,11 +291,22 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
         progress.load_state_dict(state["progress"])
         scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
-    open_run_folder(cfg, accelerator, progress.step if resume_from else None, run_files(data))
+    open_run_folder(cfg, accelerator, progress.step if resume_from else None, data.files)
     test_loader = loaders[2] if len(loaders) > 2 else None
     steps = {"progress": progress, "total_steps": total_steps, "resume_from": resume_from}
     return Parts(
-        accelerator, task, data, model, forward, criterion, optimizer, scheduler, *loaders[:2], test_loader, **steps
+        cfg,
+        accelerator,
+        task,
+        data,
+        model,
+        forward,
+        criterion,
+        optimizer,
+        scheduler,
+        *loaders[:2],
+        test_loader,
+        **steps,
     )
 
 
@@ -564,7 +572,7 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
         "scenario": outcome["scenario"],
     }
     if accelerator.is_main_process:
-        save_weights(state_dict, run_dir / WEIGHTS, cfg, task.weights_metadata(parts.data))
+        save_weights(state_dict, run_dir / WEIGHTS, cfg, {**task.weights_metadata(), META_KEY: task.key})
         task.export(model_of(accelerator, parts.model), run_dir)  # a transformers model: save_pretrained
         write_json(run_dir / "summary.json", summary)
         if cfg.run.plot:

@@ -13,17 +13,17 @@ import pyarrow as pa
 import torch
 
 from ..config import ConfigError, TrainConfig
-from . import BatchRows
+from ..shape import DataShape
+from .sources import numeric_rows
+from .splits import BatchRows, Splits
 
 CHUNK_ROWS = 8192  # rows per Arrow chunk in the statistics pass (8192 x 256 float64 features = 16 MB)
 
 
 def table_megabytes(splits: dict, inputs: list[str]) -> float:
     """The features of every split as float32, in MB (from the first row's width)."""
-    from . import _numeric_rows
-
     first = splits["train"].with_format("arrow")[:1]
-    width = sum(_numeric_rows(first[c]).shape[1] for c in inputs)
+    width = sum(numeric_rows(first[c]).shape[1] for c in inputs)
     return sum(len(ds) for ds in splits.values()) * width * 4 / 2**20
 
 
@@ -35,21 +35,17 @@ class ArrowRows(BatchRows):
         self.columns, self.targets = columns, targets
 
     def __getitems__(self, indices: list[int]):
-        from . import _numeric_rows
-
         table = self.rows[list(indices)]
-        inputs = np.concatenate([_numeric_rows(table[c]) for c in self.columns], axis=1)
+        inputs = np.concatenate([numeric_rows(table[c]) for c in self.columns], axis=1)
         return torch.from_numpy(inputs), self.targets[torch.as_tensor(indices)]
 
     def column_stats(self, source: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-feature mean and (unbiased) std in one chunked pass; ConfigError on NaN or infinity."""
-        from . import _numeric_rows
-
         total = squares = None
         count = 0
         for chunk in self.rows.iter(batch_size=CHUNK_ROWS):
             try:
-                x = np.concatenate([_numeric_rows(chunk[c]) for c in self.columns], axis=1).astype(np.float64)
+                x = np.concatenate([numeric_rows(chunk[c]) for c in self.columns], axis=1).astype(np.float64)
             except (ValueError, TypeError, pa.ArrowException):
                 raise ConfigError(
                     f"--input-columns: the columns of {source} are not all numeric (or their lists differ in length)"
@@ -65,26 +61,31 @@ class ArrowRows(BatchRows):
         return torch.tensor(mean, dtype=torch.float32), torch.tensor(np.where(std > 0, std, 1.0), dtype=torch.float32)
 
 
-def load_arrow_splits(cfg: TrainConfig, splits: dict, source: str, inputs: list[str]):
+def load_arrow_splits(cfg: TrainConfig, splits: dict, source: str, inputs: list[str]) -> Splits:
     """Labels checked and held in memory; the inputs stay in Arrow. Missing splits are carved from train."""
-    from . import DataSplits, labelled_rows
+    from .targets import labelled_rows
 
     parts, num_classes, class_names = labelled_rows(splits, cfg, source)
     rows = {name: ArrowRows(ds, inputs, y) for name, (ds, y) in parts.items()}
     for name, split in rows.items():
-        stats = split.column_stats(
-            source, name
-        )  # every split is checked for NaN; the training split's statistics are kept
+        stats = split.column_stats(source, name)  # every split is checked for NaN; the training split's are kept
         if name == "train":
             mean, std = stats
-    return DataSplits(
+    shape = DataShape("tabular", num_classes=num_classes, num_features=len(mean), feature_mean=mean, feature_std=std)
+    facts = {
+        "num_features": len(mean),
+        "num_classes": num_classes,
+        "train_samples": len(rows["train"]),
+        "data_path": "arrow (memory-mapped), read per batch",
+    }
+    return Splits(
         rows["train"],
         rows["validation"],
         rows["test"],
-        num_features=len(mean),
-        num_classes=num_classes,
-        source=source,
+        shape,
+        source,
         class_names=class_names,
         input_columns=inputs,
-        stats=(mean, std),
+        facts=facts,
+        metadata={"num_features": str(len(mean))},
     )

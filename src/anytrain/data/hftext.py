@@ -11,13 +11,15 @@ the tokenizer makes them) that the loop passes as keyword arguments, targets a c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
+from .sources import carve_rows, opened
+from .splits import Splits
+from .targets import labelled_rows
+from .textcls import check_texts
 
 IGNORE = -100  # transformers' label for "no loss here"
 
@@ -53,56 +55,10 @@ class HFRows(torch.utils.data.Dataset):
         return self.lengths - 1
 
 
-@dataclass
-class HFSplits:
-    train: HFRows
-    validation: HFRows
-    test: HFRows
-    tokenizer: object
-    task: str
-    num_classes: int
-    class_names: list[str] | None
-    max_length: int
-    source: str
-    input_columns: list[str]
-    task_reason: str = ""
-    model_config: object = None  # the model's transformers config for this data (hf.model_config)
-
-    def shape(self) -> DataShape:
-        """The tokens shape, for the checks that try a model on a batch of 2 ids."""
-        return DataShape(
-            "tokens",
-            num_classes=self.num_classes,
-            vocab_size=len(self.tokenizer),
-            max_length=self.max_length,
-            pad_id=self.tokenizer.pad_token_id,
-        )
-
-    @property
-    def mean_tokens_per_text(self) -> float:
-        return float(self.train.lengths.mean())
-
-    def describe(self) -> dict:
-        return {
-            "tokenizer": f"{type(self.tokenizer).__name__} (the model's own)",
-            "vocab_size": len(self.tokenizer),
-            "num_classes": self.num_classes,
-            "train_samples": len(self.train),
-            "train_tokens": int(self.train.lengths.sum()),
-            "mean_tokens_per_text": self.mean_tokens_per_text,
-            "truncated_train_texts": int((self.train.lengths >= self.max_length).sum()),
-            "data_path": "datasets.map tokenised (cached), padded per batch",
-        }
-
-
-def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> HFSplits:
+def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> Splits:
     """Read, check and split the dataset as for any labelled table (labels only for classify), then
     tokenise every split with the model's tokenizer, truncated at --max-length."""
-    from . import _load_raw, _named_splits, carve, labelled_rows
-    from .textcls import check_texts
-
-    raw, source = _load_raw(cfg.data.dataset) if given is None else (given, f"{type(given).__name__} object")
-    splits = _named_splits(raw)
+    splits, source = opened(cfg, given)
     column = cfg.data.text_column
     if not column:
         raise ConfigError("--text-column: a transformers model needs the column that holds the text")
@@ -112,8 +68,7 @@ def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> HFSpli
     if task == "classify":
         parts, num_classes, class_names = labelled_rows(splits, cfg, source)
     else:
-        rows = {name: (ds, torch.zeros(len(ds))) for name, ds in splits.items()}
-        parts = {k: (ds, None) for k, (ds, _) in carve(rows, cfg, source, lambda d, i: d.select(i.tolist())).items()}
+        parts = {name: (ds, None) for name, ds in carve_rows(splits, cfg, source).items()}
         num_classes, class_names = 0, None
     multiple = 8 if mixed_precision() in ("fp16", "bf16") else None
 
@@ -124,15 +79,41 @@ def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> HFSpli
     for name, (ds, labels) in parts.items():
         encoded = ds.map(tokenise, batched=True, remove_columns=ds.column_names, desc=f"tokenising {name}")
         rows[name] = HFRows(encoded, labels, tokenizer, multiple)
-    return HFSplits(
-        **rows,
-        tokenizer=tokenizer,
-        task=task,
+    return hf_text_splits(rows, tokenizer, num_classes, class_names, cfg.data.max_length, source, [column])
+
+
+def hf_text_splits(rows: dict, tokenizer, num_classes: int, class_names, max_length: int, source: str, columns):
+    """Splits of tokenised rows: the tokens shape (for the checks that try a model on a batch of 2 ids) and facts."""
+    train = rows["train"]
+    per_text = float(train.lengths.mean())
+    facts = {
+        "tokenizer": f"{type(tokenizer).__name__} (the model's own)",
+        "vocab_size": len(tokenizer),
+        "num_classes": num_classes,
+        "train_samples": len(train),
+        "train_tokens": int(train.lengths.sum()),
+        "mean_tokens_per_text": per_text,
+        "truncated_train_texts": int((train.lengths >= max_length).sum()),
+        "data_path": "datasets.map tokenised (cached), padded per batch",
+    }
+    shape = DataShape(
+        "tokens",
         num_classes=num_classes,
+        vocab_size=len(tokenizer),
+        max_length=max_length,
+        pad_id=tokenizer.pad_token_id,
+    )
+    return Splits(
+        rows["train"],
+        rows["validation"],
+        rows["test"],
+        shape,
+        source,
         class_names=class_names,
-        max_length=cfg.data.max_length,
-        source=source,
-        input_columns=[column],
+        input_columns=columns,
+        facts=facts,
+        tokenizer=tokenizer,
+        tokens_per_sample=per_text,
     )
 
 
@@ -144,3 +125,17 @@ def mixed_precision() -> str:
         return str(AcceleratorState().mixed_precision)
     except ValueError:  # no Accelerator made in this process
         return "no"
+
+
+def predict_hf_texts(dataset: str, columns: list[str], tokenizer, max_length: int) -> tuple[HFRows, object, str]:
+    """`anytrain predict`'s texts, tokenised by a transformers run's own tokenizer as in training."""
+    from .sources import rows_to_predict
+
+    ds, source = rows_to_predict(dataset)
+    check_texts(ds, columns[0], source, "predict")
+    encoded = ds.map(
+        lambda b: tokenizer(b[columns[0]], truncation=True, max_length=max_length),
+        batched=True,
+        remove_columns=ds.column_names,
+    )
+    return HFRows(encoded, torch.zeros(len(ds), dtype=torch.long), tokenizer, None), ds, source

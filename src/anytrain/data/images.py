@@ -24,75 +24,19 @@ skipped, and counted in a start-up line and in the summary's `skipped_files`.
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..config import ConfigError, TrainConfig, image_suffixes, visible_files
+from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
-from . import BatchRows
+from .splits import BatchRows, Splits
 
 STATS_SAMPLE = 1000  # training images decoded to choose the mode and size and to measure mean/std
 GRAY_MODES = ("1", "L", "LA", "I", "I;16", "F")
-METADATA_NAMES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # imagefolder's extra columns
-TABLE_SUFFIXES = (".parquet", ".csv", ".json", ".jsonl", ".arrow")  # a folder holding these is a table folder
-SHOWN_SKIPPED = 5  # skipped files named in the start-up line; the summary lists them all
-
-
-@dataclass
-class ImageFolder:
-    """A folder that holds images and no tables (besides imagefolder's metadata files), read with
-    datasets' imagefolder: one subfolder per class. Its other files are skipped, and counted."""
-
-    path: Path
-    classes: list[str]  # the folders the images lie in, by name: datasets' class labels
-    depths: int  # how many different folder depths the images lie at (labels need one)
-    skipped: list[str]  # files that are neither images nor metadata, relative to path
-    metadata: bool  # a metadata.csv/jsonl/parquet gives the columns (and labels) instead of the folders
-
-    @classmethod
-    def scan(cls, dataset: str) -> ImageFolder | None:
-        """The folder's facts, or None when `dataset` is not a folder of images."""
-        path = Path(dataset).expanduser()
-        if not path.is_dir() or (path / "dataset_dict.json").exists() or (path / "state.json").exists():
-            return None
-        files = [p.relative_to(path) for p in visible_files(path)]
-        images = [p for p in files if p.suffix.lower() in image_suffixes()]
-        metadata = [p for p in files if p.name in METADATA_NAMES]
-        tables = [p for p in files if p.suffix.lower() in TABLE_SUFFIXES and p.name not in METADATA_NAMES]
-        if not images or tables:
-            return None
-        kept = {*images, *metadata, *(p for p in files if p.suffix.lower() == ".zip")}  # datasets opens zips
-        skipped = sorted(p.as_posix() for p in files if p not in kept)
-        classes = sorted({p.parent.name for p in images if p.parent != Path(".")})
-        return cls(path, classes, len({len(p.parts) for p in images}), skipped, bool(metadata))
-
-    def check_classes(self) -> None:
-        """A classifier needs at least two class folders, every image in one of them."""
-        if self.metadata or (len(self.classes) >= 2 and self.depths == 1):
-            return
-        needs = "a classifier needs at least 2, one subfolder of images per class"
-        if len(self.classes) >= 2:
-            raise ConfigError(
-                f"--dataset: the images of {self.path} lie at different folder depths, so they have no class "
-                f"folders; {needs} ({self.path}/CLASS/IMAGE)"
-            )
-        if self.classes:
-            raise ConfigError(f"--dataset: {self.path} holds one class folder ({self.classes[0]}); {needs}")
-        raise ConfigError(f"--dataset: {self.path} holds images but no class folders; {needs}")
-
-    def note(self) -> str | None:
-        """The start-up line about the skipped files (None when there are none)."""
-        if not self.skipped:
-            return None
-        count = len(self.skipped)
-        more = f" and {count - SHOWN_SKIPPED} more" if count > SHOWN_SKIPPED else ""
-        shown = ", ".join(self.skipped[:SHOWN_SKIPPED]) + more
-        files = "1 file that is not an image" if count == 1 else f"{count} files that are not images"
-        return f"skipped {files} in {self.path}: {shown}"
 
 
 class BadImage(ConfigError):
@@ -268,40 +212,27 @@ def measure_look(values: list[dict], picks: list[int], cfg: TrainConfig, source:
     return look
 
 
-@dataclass
-class ImageSplits:
-    train: ImageRows
-    validation: ImageRows
-    test: ImageRows
-    num_classes: int
-    source: str
-    look: ImageLook
-    class_names: list[str] | None = None
-    input_columns: list[str] | None = None
-    skipped_files: list[str] | None = None  # an image folder's files that are not images (ImageFolder)
-    notes: list[str] = field(default_factory=list)  # lines the trainer prints at start
-
-    def shape(self) -> DataShape:
-        return DataShape("image", num_classes=self.num_classes, channels=self.look.channels, image_size=self.look.size)
-
-    def describe(self) -> dict:
-        skipped = {} if self.skipped_files is None else {"skipped_files": self.skipped_files}
-        return {
-            "num_classes": self.num_classes,
-            "train_samples": len(self.train),
-            "image_size": self.look.size,
-            "image_mode": self.look.mode,
-            "image_mean": self.look.mean.tolist(),
-            "image_std": self.look.std.tolist(),
-            "augment": list(self.train.augment),
-            "data_path": "arrow (memory-mapped), images decoded per batch",
-            **skipped,
-        }
+def image_facts(look: ImageLook) -> dict:
+    """What summary.json says of the images, and (image_look) what predict needs to prepare new ones the same way."""
+    return {
+        "image_size": look.size,
+        "image_mode": look.mode,
+        "image_mean": look.mean.tolist(),
+        "image_std": look.std.tolist(),
+    }
 
 
-def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) -> ImageSplits:
+def look_metadata(look: ImageLook) -> dict:
+    return {
+        "image_look": json.dumps(
+            {"mode": look.mode, "size": look.size, "mean": look.mean.tolist(), "std": look.std.tolist()}
+        )
+    }
+
+
+def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) -> Splits:
     """Labels checked and held in memory; images stay in Arrow. Missing splits are carved from train."""
-    from . import labelled_rows
+    from .targets import labelled_rows
 
     for name, ds in splits.items():
         if len(ds) == 0:
@@ -317,6 +248,39 @@ def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) 
         name: ImageRows(ds, column, y, name, look, cfg.data.augment if name == "train" else (), cfg.run.seed)
         for name, (ds, y) in parts.items()
     }
-    return ImageSplits(
-        rows["train"], rows["validation"], rows["test"], num_classes, source, look, class_names, [column]
+    facts = {
+        "num_classes": num_classes,
+        "train_samples": len(rows["train"]),
+        **image_facts(look),
+        "augment": list(rows["train"].augment),
+        "data_path": "arrow (memory-mapped), images decoded per batch",
+    }
+    shape = DataShape("image", num_classes=num_classes, channels=look.channels, image_size=look.size)
+    return Splits(
+        rows["train"],
+        rows["validation"],
+        rows["test"],
+        shape,
+        source,
+        class_names=class_names,
+        input_columns=[column],
+        facts=facts,
+        metadata=look_metadata(look),
     )
+
+
+def predict_images(dataset: str, columns: list[str], look_json: str) -> tuple[torch.Tensor, object, str]:
+    """`anytrain predict`'s images of the run's image column, prepared as in training without augmentation:
+    converted, resized and normalised."""
+    from .sources import rows_to_predict
+
+    ds, source = rows_to_predict(dataset)
+    if columns[0] not in ds.column_names:
+        raise ConfigError(
+            f"--dataset: {source} lacks the run's image column {columns[0]} (it has {', '.join(ds.column_names)})"
+        )
+    look = json.loads(look_json)
+    look = ImageLook(look["mode"], look["size"], torch.tensor(look["mean"]), torch.tensor(look["std"]))
+    rows = ImageRows(ds, columns[0], torch.zeros(len(ds), dtype=torch.long), "predict", look)
+    batches = [rows.__getitems__(list(range(i, min(i + 256, len(ds)))))[0] for i in range(0, len(ds), 256)]
+    return torch.cat(batches), ds, source

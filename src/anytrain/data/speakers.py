@@ -17,8 +17,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from ..config import LABELLED_TEXT
-from .text import SHAKESPEARE_PATH
+from .bundled import LABELLED_TEXT, SHAKESPEARE_PATH
 
 NAME = "shakespeare-speakers"
 TEXT_COLUMN, LABEL_COLUMN = LABELLED_TEXT[NAME]

@@ -18,7 +18,6 @@ size and normalisation) are measured on the first STATS_ROWS training rows.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,6 +25,7 @@ from torch.utils.data import IterableDataset
 
 from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
+from .splits import Splits
 
 SHUFFLE_BUFFER = 10_000  # rows held to shuffle the training stream
 STATS_ROWS = 10_000  # first training rows used for the statistics (images: images.STATS_SAMPLE)
@@ -51,46 +51,6 @@ class StreamBatches(IterableDataset):
             position += count
 
 
-@dataclass
-class StreamSplits:
-    train: StreamBatches
-    validation: StreamBatches
-    test: StreamBatches | None
-    shape_: DataShape
-    source: str
-    class_names: list[str] | None
-    input_columns: list[str]
-    look: object = None  # images: data.images.ImageLook
-    skipped_files: list[str] | None = None  # an image folder's files that are not images (images.ImageFolder)
-    notes: list[str] = field(default_factory=list)  # lines the trainer prints at start
-
-    @property
-    def num_classes(self) -> int:
-        return self.shape_.num_classes
-
-    @property
-    def num_features(self) -> int:
-        return self.shape_.num_features
-
-    def shape(self) -> DataShape:
-        return self.shape_
-
-    def describe(self) -> dict:
-        out = {"num_classes": self.num_classes, "data_path": "stream (rank 0 reads, accelerate dispatches)"}
-        if self.look is not None:
-            out.update(
-                image_size=self.look.size,
-                image_mode=self.look.mode,
-                image_mean=self.look.mean.tolist(),
-                image_std=self.look.std.tolist(),
-            )
-        else:
-            out["num_features"] = self.num_features
-        if self.skipped_files is not None:
-            out["skipped_files"] = self.skipped_files
-        return out
-
-
 def _label_batch(rows: dict, cfg: TrainConfig, num_classes: int, split: str) -> torch.Tensor:
     labels = np.asarray(rows[cfg.data.label_column])
     if labels.dtype.kind not in "iu" or (len(labels) and (labels.min() < 0 or labels.max() >= num_classes)):
@@ -100,8 +60,8 @@ def _label_batch(rows: dict, cfg: TrainConfig, num_classes: int, split: str) -> 
     return torch.from_numpy(labels.astype(np.int64))
 
 
-def load_stream_splits(cfg: TrainConfig, splits: dict, source: str) -> StreamSplits:
-    from .images import image_column, undecoded
+def load_stream_splits(cfg: TrainConfig, splits: dict, source: str) -> Splits:
+    from .images import image_column, image_facts, look_metadata, undecoded
 
     if "validation" not in splits:
         raise ConfigError(
@@ -140,15 +100,19 @@ def load_stream_splits(cfg: TrainConfig, splits: dict, source: str) -> StreamSpl
 
     streams["train"] = streams["train"].shuffle(seed=cfg.run.seed, buffer_size=SHUFFLE_BUFFER)
     batches = {name: StreamBatches(ds, cfg.optim.batch_size, convert, name) for name, ds in streams.items()}
-    return StreamSplits(
+    facts = {"num_classes": num_classes, "data_path": "stream (rank 0 reads, accelerate dispatches)"}
+    facts.update(image_facts(look) if look is not None else {"num_features": shape.num_features})
+    metadata = look_metadata(look) if look is not None else {"num_features": str(shape.num_features)}
+    return Splits(
         batches["train"],
         batches["validation"],
         batches.get("test"),
         shape,
         source,
-        list(names) if names else None,
-        inputs,
-        look,
+        class_names=list(names) if names else None,
+        input_columns=inputs,
+        facts=facts,
+        metadata=metadata,
     )
 
 

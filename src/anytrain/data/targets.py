@@ -1,6 +1,8 @@
-"""What the label column(s) of a table become for each task, and `--task auto`'s choice between them.
+"""What the label column(s) of a table become for each task, and `--task auto`'s rule for a table's labels
+(tasks/settle.py applies it).
 
-- classify: class ids (data/__init__.py, as before);
+- classify: class ids, from numbers or names (sorted), checked against --num-classes (`class_ids`;
+  `labelled_rows` for rows that stay in Arrow: big tables, images, text);
 - regress: the values of one or several numeric columns (`--label-column price,rent`), standardised
   with the training split's mean and standard deviation (kept, saved with the weights);
 - multilabel: a column of lists of class ids or names, as multi-hot rows.
@@ -16,6 +18,7 @@ import pyarrow as pa
 import torch
 
 from ..config import ConfigError, TrainConfig
+from .sources import carve
 
 
 def label_columns(cfg: TrainConfig) -> list[str]:
@@ -40,16 +43,18 @@ def _numbers(column: pa.ChunkedArray, name: str) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False).astype(np.float64)
 
 
-def settle_task(cfg: TrainConfig, labels) -> tuple[str, str]:
-    """The task for these (training) labels, and why, when --task is auto; else the task asked for."""
-    if cfg.data.task != "auto":
-        return cfg.data.task, f"--task {cfg.data.task}"
+def task_from_labels(labels, label_column: str) -> tuple[str, str]:
+    """--task auto for a table's training labels, and why: lists are multi-label; several columns, or
+    numbers of which some are not integers (a NaN among them is refused later, by name), are regression;
+    anything else is classification."""
     if isinstance(labels, list):
         return "multilabel", "auto: the label column holds lists"
     if labels.ndim == 2:
         return "regress", f"auto: {labels.shape[1]} label columns"
-    if labels.dtype.kind == "f" and np.isfinite(labels).all() and not np.all(labels == np.round(labels)):
-        return "regress", f"auto: the label '{cfg.data.label_column}' holds numbers that are not all integers"
+    if labels.dtype.kind == "f":
+        finite = labels[np.isfinite(labels)]
+        if not np.all(finite == np.round(finite)):
+            return "regress", f"auto: the label '{label_column}' holds numbers that are not all integers"
     return "classify", "auto"
 
 
@@ -105,3 +110,64 @@ def multi_hot(labels: dict, cfg: TrainConfig, source: str) -> tuple[dict, list[s
                 hot[i, k] = 1.0
         out[split] = hot
     return out, names
+
+
+def class_ids(tensors: dict, cfg: TrainConfig, source: str) -> tuple[int, dict | None]:
+    """The class count, and for string labels the name -> id map (sorted names, the same for every split)."""
+    names = next(iter(tensors.values()))[2]
+    labels = [y for _, y, _ in tensors.values()]
+    if labels[0].dtype.kind in "US" or labels[0].dtype == object:
+        classes = sorted(set().union(*(set(map(str, y)) for y in labels)))
+        cfg_classes = cfg.data.num_classes or len(classes)
+        if len(classes) > cfg_classes:
+            raise ConfigError(f"--num-classes: {source} has {len(classes)} label values, more than {cfg_classes}")
+        return cfg_classes, {c: i for i, c in enumerate(classes)}
+    if labels[0].dtype.kind == "f":
+        if any(not np.all(np.isfinite(y)) or not np.all(y == np.round(y)) for y in labels):
+            raise ConfigError(
+                f"--label-column: '{cfg.data.label_column}' of {source} must hold integer class ids or strings"
+            )
+    elif labels[0].dtype.kind not in "iub":
+        raise ConfigError(
+            f"--label-column: '{cfg.data.label_column}' of {source} must hold integer class ids or strings"
+        )
+    low = min(int(y.min()) for y in labels)
+    high = max(int(y.max()) for y in labels)
+    num_classes = cfg.data.num_classes or (len(names) if names else high + 1)
+    if low < 0 or high >= num_classes:
+        raise ConfigError(
+            f"--label-column: labels of {source} range over [{low}, {high}], outside the {num_classes} classes [0, "
+            f"{num_classes - 1}]"
+        )
+    if num_classes < 2:
+        raise ConfigError(f"--label-column: {source} has a single class; a classifier needs at least 2")
+    return num_classes, None
+
+
+def label_ids(labels: np.ndarray, ids: dict | None) -> torch.Tensor:
+    if ids is not None:
+        return torch.tensor([ids[str(v)] for v in labels], dtype=torch.long)
+    return torch.from_numpy(labels.astype(np.int64))
+
+
+def labelled_rows(splits: dict, cfg: TrainConfig, source: str) -> tuple[dict, int, list[str] | None]:
+    """Rows that stay in Arrow (arrow.py, images.py, text): labels read and checked into tensors, missing
+    splits carved from train. Returns ({split: (rows, labels)}, number of classes, class names)."""
+    labelled = {}
+    for name, ds in splits.items():
+        labels = ds.with_format("arrow")[cfg.data.label_column].to_numpy()
+        labelled[name] = (ds, labels, getattr(ds.features[cfg.data.label_column], "names", None))
+    num_classes, string_ids = class_ids(labelled, cfg, source)
+    names = next(iter(labelled.values()))[2]
+    parts = carve(
+        {name: (ds, label_ids(y, string_ids)) for name, (ds, y, _) in labelled.items()},
+        cfg,
+        source,
+        take=lambda ds, idx: ds.select(idx.tolist()),
+    )
+    if len(torch.unique(parts["train"][1])) < 2:
+        raise ConfigError(
+            f"--label-column: every training row of {source} has the same label; a classifier needs at least 2 "
+            "classes to learn"
+        )
+    return parts, num_classes, list(string_ids) if string_ids is not None else list(names) if names else None

@@ -16,8 +16,6 @@ through accelerate's seedable sampler like any other dataset, which keeps exact 
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,62 +26,14 @@ from torch.utils.data import Dataset
 from ..config import ConfigError, TrainConfig, first_line
 from ..files import atomic_path
 from ..shape import DataShape
+from .bundled import SHAKESPEARE_PATH
+from .sources import named_splits, open_dataset
+from .splits import Splits
+from .tokenizer import Vocab, bpe_for_run
 
-SHAKESPEARE_PATH = Path(__file__).with_name("tinyshakespeare.txt")
 MAX_CHAR_VOCAB = 256  # --vocab auto: a larger training alphabet falls back to bytes
 MEMMAP_TOKENS = 64 * 2**20  # a split with more tokens than this is written to a cache file and memory-mapped
 CHUNK_DOCS = 1024  # documents read from Arrow at a time
-
-
-class Vocab:
-    """Characters (the training text's alphabet, sorted) or UTF-8 bytes, to integer ids and back."""
-
-    def __init__(self, kind: str, chars: str = ""):
-        self.kind, self.chars = kind, chars
-        self.size = 256 if kind == "byte" else len(chars)
-        self.dtype = np.uint8 if self.size <= 256 else np.uint16
-        codes = np.array([ord(c) for c in chars], dtype=np.int64)
-        self._codes = codes  # sorted, since chars is
-
-    def encode(self, text: str) -> np.ndarray:
-        if self.kind == "byte":
-            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
-        ids = self.ids(text)
-        if (ids < 0).any():
-            unknown = sorted(set(c for c, i in zip(text, ids) if i < 0))
-            raise KeyError("".join(unknown))
-        return ids.astype(self.dtype)
-
-    def ids(self, text: str) -> np.ndarray:
-        """int64 ids of the text's characters (bytes), -1 where a character is not in the vocabulary."""
-        if self.kind == "byte":
-            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
-        ids = np.searchsorted(self._codes, codes)
-        ok = ids < self.size
-        ok[ok] = self._codes[ids[ok]] == codes[ok]
-        return np.where(ok, ids, -1)
-
-    def ids_batch(self, texts: list[str]) -> list[np.ndarray]:
-        return [self.ids(text) for text in texts]
-
-    def files(self) -> dict:
-        """Nothing beside the weights: the characters travel in their metadata."""
-        return {}
-
-    def decode(self, ids) -> str:
-        ids = [int(i) for i in ids]
-        if self.kind == "byte":
-            return bytes(ids).decode("utf-8", errors="replace")
-        return "".join(self.chars[i] for i in ids)
-
-    def to_json(self) -> str:
-        return json.dumps({"kind": self.kind, "chars": self.chars})
-
-    @classmethod
-    def from_json(cls, text: str) -> Vocab:
-        data = json.loads(text)
-        return cls(data["kind"], data.get("chars", ""))
 
 
 class TokenWindows(Dataset):
@@ -116,40 +66,25 @@ class TokenWindows(Dataset):
         """Nothing random to redraw (the sampler picks the windows)."""
 
 
-@dataclass
-class TextSplits:
-    train: TokenWindows
-    validation: TokenWindows
-    test: TokenWindows | None
-    vocab: Vocab
-    source: str
-
-    def shape(self) -> DataShape:
-        return DataShape("text", vocab_size=self.vocab.size, block_size=self.train.block_size)
-
-    def describe(self) -> dict:
-        return {
-            "vocab_kind": self.vocab.kind,
-            "vocab_size": self.vocab.size,
-            "train_tokens": self.train.num_tokens,
-            "validation_tokens": self.validation.num_tokens,
-            "validation_windows": len(self.validation),
-            "data_path": "memory-mapped token file"
-            if isinstance(self.train.tokens, np.memmap)
-            else "in-memory token array",
-        }
+def text_facts(vocab, train: TokenWindows, validation: TokenWindows) -> dict:
+    return {
+        "vocab_kind": vocab.kind,
+        "vocab_size": vocab.size,
+        "train_tokens": train.num_tokens,
+        "validation_tokens": validation.num_tokens,
+        "validation_windows": len(validation),
+        "data_path": "memory-mapped token file" if isinstance(train.tokens, np.memmap) else "in-memory token array",
+    }
 
 
 # --------------------------------------------------------------------------- loading
 
 
-def load_text_splits(cfg: TrainConfig, given=None) -> TextSplits:
+def load_text_splits(cfg: TrainConfig, given=None) -> Splits:
     """Load the text named by cfg.data.dataset (or `given`, a datasets object), build the vocabulary,
     tokenise; ConfigError on bad input."""
     if given is not None:
-        from . import _named_splits
-
-        splits, source = _named_splits(given), f"{type(given).__name__} object"
+        splits, source = named_splits(given), f"{type(given).__name__} object"
     else:
         splits, source = _load_text_datasets(cfg)
     column = cfg.data.text_column or "text"
@@ -166,14 +101,24 @@ def load_text_splits(cfg: TrainConfig, given=None) -> TextSplits:
                 f"--block-size: the {name} split of {source} has {len(array)} tokens, fewer than block_size + 1 = "
                 f"{cfg.data.block_size + 1}"
             )
-    return TextSplits(
-        train=TokenWindows(tokens["train"], cfg.data.block_size),
-        validation=TokenWindows(tokens["validation"], cfg.data.block_size, eval_starts(len(tokens["validation"]), cfg)),
-        test=TokenWindows(tokens["test"], cfg.data.block_size, eval_starts(len(tokens["test"]), cfg))
+    train = TokenWindows(tokens["train"], cfg.data.block_size)
+    validation = TokenWindows(tokens["validation"], cfg.data.block_size, eval_starts(len(tokens["validation"]), cfg))
+    test = (
+        TokenWindows(tokens["test"], cfg.data.block_size, eval_starts(len(tokens["test"]), cfg))
         if "test" in tokens
-        else None,
-        vocab=vocab,
-        source=source,
+        else None
+    )
+    return Splits(
+        train,
+        validation,
+        test,
+        DataShape("text", vocab_size=vocab.size, block_size=cfg.data.block_size),
+        source,
+        facts=text_facts(vocab, train, validation),
+        metadata={"vocab": vocab.to_json()},
+        files=vocab.files(),
+        tokenizer=vocab,
+        tokens_per_sample=float(cfg.data.block_size),
     )
 
 
@@ -188,23 +133,21 @@ def eval_starts(num_tokens: int, cfg: TrainConfig) -> np.ndarray:
 def _load_text_datasets(cfg: TrainConfig) -> tuple[dict, str]:
     import datasets
 
-    from . import _load_raw, _named_splits
-
     datasets.disable_progress_bars()
     name = cfg.data.dataset
     path = Path(name).expanduser()
     try:
         if name == "shakespeare":
             raw = datasets.load_dataset("text", data_files=str(SHAKESPEARE_PATH), sample_by="document")
-            return _named_splits(raw), "shakespeare (bundled Tiny Shakespeare)"
+            return named_splits(raw), "shakespeare (bundled Tiny Shakespeare)"
         if path.is_file() and path.suffix.lower() == ".txt":
             if path.stat().st_size == 0:
                 raise ConfigError(f"--dataset: {name} is empty")
-            return _named_splits(datasets.load_dataset("text", data_files=str(path), sample_by="document")), str(path)
+            return named_splits(datasets.load_dataset("text", data_files=str(path), sample_by="document")), str(path)
         if path.is_dir() and not (path / "dataset_dict.json").exists() and not (path / "state.json").exists():
             files = sorted(str(p) for p in path.rglob("*.txt") if p.is_file())
             if files:  # a folder of .txt files: one document each, in name order
-                return _named_splits(
+                return named_splits(
                     datasets.load_dataset("text", data_files={"train": files}, sample_by="document")
                 ), str(path)
     except ConfigError:
@@ -213,8 +156,8 @@ def _load_text_datasets(cfg: TrainConfig) -> tuple[dict, str]:
         raise ConfigError(f"--dataset: cannot read {name}: {first_line(e)}") from None
     if name.lower().endswith(".txt"):
         raise ConfigError(f"--dataset: file not found: {name}")
-    raw, source = _load_raw(name)
-    return _named_splits(raw), source
+    raw, source = open_dataset(name)
+    return named_splits(raw), source
 
 
 def _split_text(ds, column: str, source: str, split: str):
@@ -251,8 +194,6 @@ def choose_vocab(cfg: TrainConfig, pieces: dict, source: str):
     """--tokenizer: a BPE trained on the training text; else its characters, unless the alphabet is large
     or misses validation/test characters (then bytes)."""
     if cfg.data.tokenizer == "bpe":
-        from .tokenizer import bpe_for_run
-
         ds, start, stop = pieces["train"]
         return bpe_for_run(cfg, lambda: _chunks(ds, cfg.data.text_column or "text", start, stop), source)
     if cfg.data.tokenizer == "byte":

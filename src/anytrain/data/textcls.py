@@ -13,16 +13,17 @@ loss and metrics are per text (one label each), so padding never counts in eithe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow.compute as pc
 import torch
 
 from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
-from . import BatchRows
-from .text import CHUNK_DOCS, Vocab
+from .sources import opened
+from .splits import BatchRows, Splits
+from .targets import labelled_rows
+from .text import CHUNK_DOCS
+from .tokenizer import Vocab, bpe_for_run
 
 PAD, UNK = 0, 1  # ids of the padding and of characters the training text lacks (--tokenizer char)
 SPECIALS = 2  # the tokenizer's token t is id t + SPECIALS
@@ -48,68 +49,44 @@ class TokenRows(BatchRows):
         return int(self.offsets[-1])
 
 
-@dataclass
-class TextClassSplits:
-    train: TokenRows
-    validation: TokenRows
-    test: TokenRows
-    vocab: object  # text.Vocab (characters or bytes) or tokenizer.BPE
-    num_classes: int
-    max_length: int
-    truncated: int  # training texts longer than max_length
-    source: str
-    class_names: list[str] | None
-    input_columns: list[str]  # [the text column]: what predict reads
-
-    def shape(self) -> DataShape:
-        return DataShape(
-            "tokens",
-            num_classes=self.num_classes,
-            vocab_size=self.vocab.size + SPECIALS,
-            max_length=self.max_length,
-            pad_id=PAD,
-        )
-
-    @property
-    def mean_tokens_per_text(self) -> float:
-        """Real tokens (after truncation) per training text."""
-        return self.train.num_tokens / len(self.train)
-
-    def describe(self) -> dict:
-        return {
-            "tokenizer": self.vocab.kind,
-            "vocab_size": self.vocab.size + SPECIALS,
-            "num_classes": self.num_classes,
-            "train_samples": len(self.train),
-            "train_tokens": self.train.num_tokens,
-            "mean_tokens_per_text": self.mean_tokens_per_text,
-            "truncated_train_texts": self.truncated,
-            "data_path": "in-memory token array, padded per batch",
-        }
-
-
-def load_text_class_splits(cfg: TrainConfig, given=None) -> TextClassSplits:
+def load_text_class_splits(cfg: TrainConfig, given=None) -> Splits:
     """Load and check the dataset, carve the missing splits, make the tokenizer from the training split,
     tokenise; ConfigError on bad input."""
-    from . import _load_raw, _named_splits, labelled_rows
-
-    raw, source = _load_raw(cfg.data.dataset) if given is None else (given, f"{type(given).__name__} object")
-    splits = _named_splits(raw)
+    splits, source = opened(cfg, given)
     column = cfg.data.text_column
     for name, ds in splits.items():
         check_texts(ds, column, source, name, label_column=cfg.data.label_column)
     parts, num_classes, class_names = labelled_rows(splits, cfg, source)
     vocab = choose_tokenizer(cfg, lambda: texts_of(parts["train"][0], column), source)
     encoded = {name: encode_texts(vocab, texts_of(ds, column), cfg.data.max_length) for name, (ds, _) in parts.items()}
-    return TextClassSplits(
-        **{name: TokenRows(*encoded[name][:2], labels) for name, (_, labels) in parts.items()},
-        vocab=vocab,
-        num_classes=num_classes,
-        max_length=cfg.data.max_length,
-        truncated=encoded["train"][2],
-        source=source,
+    rows = {name: TokenRows(*encoded[name][:2], labels) for name, (_, labels) in parts.items()}
+    per_text = rows["train"].num_tokens / len(rows["train"])  # real tokens (after truncation) per training text
+    facts = {
+        "tokenizer": vocab.kind,
+        "vocab_size": vocab.size + SPECIALS,
+        "num_classes": num_classes,
+        "train_samples": len(rows["train"]),
+        "train_tokens": rows["train"].num_tokens,
+        "mean_tokens_per_text": per_text,
+        "truncated_train_texts": encoded["train"][2],
+        "data_path": "in-memory token array, padded per batch",
+    }
+    shape = DataShape(
+        "tokens", num_classes=num_classes, vocab_size=vocab.size + SPECIALS, max_length=cfg.data.max_length, pad_id=PAD
+    )
+    return Splits(
+        rows["train"],
+        rows["validation"],
+        rows["test"],
+        shape,
+        source,
         class_names=class_names,
         input_columns=[column],
+        facts=facts,
+        metadata={"vocab": vocab.to_json()},
+        files=vocab.files(),
+        tokenizer=vocab,
+        tokens_per_sample=per_text,
     )
 
 
@@ -147,8 +124,6 @@ def choose_tokenizer(cfg: TrainConfig, train_texts, source: str):
     --vocab-size tokens, fewer where the text supports fewer), bytes, or the training texts' characters
     (characters the training texts lack become UNK in the other splits and in predict)."""
     if cfg.data.tokenizer in ("bpe", "auto"):
-        from .tokenizer import bpe_for_run
-
         return bpe_for_run(cfg, train_texts, source, exact=cfg.data.tokenizer == "bpe")
     if cfg.data.tokenizer == "byte":
         return Vocab("byte")
@@ -167,3 +142,14 @@ def encode_texts(vocab, chunks, max_length: int) -> tuple[np.ndarray, np.ndarray
             lengths.append(len(ids))
     dtype = np.uint16 if vocab.size + SPECIALS <= 2**16 else np.int64
     return np.concatenate(pieces).astype(dtype), np.cumsum(lengths), truncated
+
+
+def predict_texts(dataset: str, columns: list[str], vocab, max_length: int) -> tuple[TokenRows, object, str]:
+    """`anytrain predict`'s texts, tokenised as in training (the run's tokenizer, its --max-length), as rows
+    whose batches are padded to their longest text."""
+    from .sources import rows_to_predict
+
+    ds, source = rows_to_predict(dataset)
+    check_texts(ds, columns[0], source, "predict")
+    tokens, offsets, _ = encode_texts(vocab, texts_of(ds, columns[0]), max_length)
+    return TokenRows(tokens, offsets, torch.zeros(len(ds), dtype=torch.long)), ds, source

@@ -1,12 +1,14 @@
-"""Byte-level BPE (`--tokenizer bpe`), trained with Hugging Face `tokenizers` on the training split only,
-and the one way a run's tokenizer is read back (predict, sample, a resumed run).
+"""The run's tokenizers: characters or bytes (`Vocab`) and byte-level BPE (`--tokenizer bpe`, trained with
+Hugging Face `tokenizers` on the training split only), and the one way a run's tokenizer is read back
+(predict, sample, a resumed run).
 
 The BPE starts from the 256 byte symbols (GPT-2's byte-level alphabet), so every text encodes and
 decodes exactly, whatever its alphabet, and learns merges until it has `--vocab-size` tokens. Its
 training is deterministic (the same text gives the same tokenizer, on any number of threads), so every
 rank trains the same one. It is saved in the run folder as `tokenizer.json` when the run starts; the
 weights' metadata names the file and its sha256, so a changed file is refused rather than used. A
-resumed run reads it back instead of training again. Characters and bytes are text.Vocab.
+resumed run reads it back instead of training again. Characters and UTF-8 bytes are `Vocab`: every
+tokenizer a run can make (LM windows, text to classify) lives here, with one interface.
 """
 
 from __future__ import annotations
@@ -23,8 +25,59 @@ TOKENIZER_FILE = "tokenizer.json"  # in the run folder, beside model.safetensors
 BYTES = 256  # the byte-level alphabet every BPE vocabulary starts from
 
 
+class Vocab:
+    """Characters (the training text's alphabet, sorted) or UTF-8 bytes, to integer ids and back."""
+
+    def __init__(self, kind: str, chars: str = ""):
+        self.kind, self.chars = kind, chars
+        self.size = 256 if kind == "byte" else len(chars)
+        self.dtype = np.uint8 if self.size <= 256 else np.uint16
+        codes = np.array([ord(c) for c in chars], dtype=np.int64)
+        self._codes = codes  # sorted, since chars is
+
+    def encode(self, text: str) -> np.ndarray:
+        if self.kind == "byte":
+            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        ids = self.ids(text)
+        if (ids < 0).any():
+            unknown = sorted(set(c for c, i in zip(text, ids) if i < 0))
+            raise KeyError("".join(unknown))
+        return ids.astype(self.dtype)
+
+    def ids(self, text: str) -> np.ndarray:
+        """int64 ids of the text's characters (bytes), -1 where a character is not in the vocabulary."""
+        if self.kind == "byte":
+            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        ids = np.searchsorted(self._codes, codes)
+        ok = ids < self.size
+        ok[ok] = self._codes[ids[ok]] == codes[ok]
+        return np.where(ok, ids, -1)
+
+    def ids_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [self.ids(text) for text in texts]
+
+    def files(self) -> dict:
+        """Nothing beside the weights: the characters travel in their metadata."""
+        return {}
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self.kind == "byte":
+            return bytes(ids).decode("utf-8", errors="replace")
+        return "".join(self.chars[i] for i in ids)
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": self.kind, "chars": self.chars})
+
+    @classmethod
+    def from_json(cls, text: str) -> Vocab:
+        data = json.loads(text)
+        return cls(data["kind"], data.get("chars", ""))
+
+
 class BPE:
-    """A trained byte-level BPE with text.Vocab's interface: size, dtype, encode, decode, to_json."""
+    """A trained byte-level BPE with Vocab's interface: size, dtype, encode, decode, to_json."""
 
     kind = "bpe"
 
@@ -100,8 +153,6 @@ def bpe_for_run(cfg: TrainConfig, texts, source: str, exact: bool = True) -> BPE
 def read_tokenizer(vocab_json: str, folder: Path):
     """The tokenizer saved with a run's weights: a text.Vocab from the metadata, or the BPE in
     `folder`/tokenizer.json (checked against the sha256 the metadata holds)."""
-    from .text import Vocab
-
     data = json.loads(vocab_json)
     if data["kind"] != "bpe":
         return Vocab.from_json(vocab_json)

@@ -1,0 +1,37 @@
+"""docs/guide.md's table of tasks: each registry line, its module, its lines, what it builds on, its data helpers.
+
+python scripts/task_table.py     # prints the Markdown rows the guide holds
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def data_helpers(path: Path) -> list[str]:
+    """The data/ modules a task module (and the task module it builds on) reads its data with, from its imports."""
+    found = re.findall(r"from \.\.data\.(\w+) import", path.read_text())
+    return sorted(set(found) - {"splits"})
+
+
+def rows() -> list[str]:
+    from anytrain.tasks import REGISTRY
+
+    out = []
+    for key, cls in REGISTRY.items():
+        path = Path(inspect.getfile(cls))
+        lines = len(path.read_text().splitlines())
+        bases = [b.__name__ for b in cls.__bases__ if b.__module__ != "anytrain.tasks.base"]
+        helpers = ", ".join(f"`data/{h}.py`" for h in data_helpers(path))
+        out.append(f"| `{key}` | `tasks/{path.name}` | {lines} | {', '.join(bases) or '—'} | {helpers or '—'} |")
+    return out
+
+
+if __name__ == "__main__":
+    print("\n".join(rows()))

@@ -1,0 +1,117 @@
+"""The one type every task's data loading returns (`Splits`), the batch-at-a-time datasets behind it,
+and the DataLoader each split is read through.
+
+A split is a map-style dataset whose `__getitems__` returns a whole batch `(inputs, targets)` (one
+index operation instead of a Python row at a time), or a stream (stream.py) that yields whole batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from ..config import TrainConfig
+from ..shape import DataShape
+
+
+class BatchRows(Dataset):
+    """A split read a whole batch at a time: subclasses hold `targets` and define `__getitems__`."""
+
+    targets: torch.Tensor
+    AUTO_WORKERS = 0  # DataLoader workers for --num-workers auto (images: images.ImageRows)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index):
+        inputs, targets = self.__getitems__([index])
+        return inputs[0], targets[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing random to redraw (the sampler shuffles)."""
+
+
+class TensorPairs(BatchRows):
+    """(features, labels) tensors; `__getitems__` lets the DataLoader fetch a whole batch at once."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        self.inputs, self.targets = inputs, targets
+
+    def __getitem__(self, index):
+        return self.inputs[index], self.targets[index]
+
+    def __getitems__(self, indices: list[int]):
+        index = torch.as_tensor(indices)
+        return self.inputs[index], self.targets[index]
+
+
+@dataclass
+class Splits:
+    """A task's data: three splits and what the rest of the run needs to know about them.
+
+    shape      what a model is told about the data (shape.py), the same for every task
+    source     the dataset, as the start-up line and summary.json name it
+    reason     why this task: '--task regress', or what --task auto saw (tasks/settle.py)
+    facts      the data's facts for summary.json (sizes, tokenizer, image look, data path)
+    metadata   strings saved with the weights: what reloading and `anytrain predict` need
+    files      {name: text} written in the run folder at start (a BPE's tokenizer.json)
+    notes      lines the trainer prints at start (skipped files, a label that looks like a quantity)
+    tokenizer  text: the tokenizer its ids come from (tokenizer.Vocab or BPE, or a transformers tokenizer)
+    tokens_per_sample  real tokens per training sample, for tokens/s (None: not text)
+    """
+
+    train: Dataset
+    validation: Dataset
+    test: Dataset | None
+    shape: DataShape
+    source: str
+    class_names: list[str] | None = None  # string labels (sorted: id i is the i-th) or a ClassLabel's names
+    input_columns: list[str] | None = None  # the columns a row's inputs come from, as predict reads them
+    reason: str = ""
+    facts: dict = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    tokenizer: object = None
+    tokens_per_sample: float | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return self.shape.num_classes
+
+    @property
+    def num_features(self) -> int:
+        return self.shape.num_features
+
+
+def keep_batch(batch):
+    """collate_fn: `__getitems__` already returns a stacked batch."""
+    return batch
+
+
+def loader_workers(data: Dataset, cfg: TrainConfig) -> int:
+    """--num-workers, or for auto (-1) what the split asks for: AUTO_WORKERS (images: 1, else 0)."""
+    return cfg.data.num_workers if cfg.data.num_workers >= 0 else getattr(data, "AUTO_WORKERS", 0)
+
+
+def make_loader(data: Dataset, cfg: TrainConfig, shuffle: bool) -> DataLoader:
+    workers = loader_workers(data, cfg)
+    persistent = cfg.data.persistent_workers and workers > 0
+    if isinstance(data, IterableDataset):  # a stream (stream.py) yields whole batches and shuffles in its buffer
+        return DataLoader(
+            data, batch_size=None, num_workers=workers, pin_memory=cfg.data.pin_memory, persistent_workers=persistent
+        )
+    return DataLoader(
+        data,
+        batch_size=cfg.optim.batch_size,
+        shuffle=shuffle,
+        collate_fn=keep_batch,
+        num_workers=workers,
+        pin_memory=cfg.data.pin_memory,
+        persistent_workers=persistent,
+        # Its own generator, so starting an epoch does not draw from the global RNG that dropout
+        # uses: a run resumed mid-epoch then sees exactly the random numbers the original saw.
+        generator=torch.Generator().manual_seed(cfg.run.seed) if shuffle else None,
+    )

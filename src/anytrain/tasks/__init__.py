@@ -1,0 +1,58 @@
+"""The tasks, one module each, and the registry: one line per task.
+
+    classify     classify.py     class ids; cross-entropy; accuracy (tables, images, streams, text)
+    regress      regress.py      numeric targets, standardised; MSE or huber; RMSE, MAE, R²
+    multilabel   multilabel.py   multi-hot targets; BCE; micro/macro F1, exact match
+    lm           lm.py           token windows; next-token cross-entropy; perplexity
+    hf:classify  hf_text.py      a transformers sequence classifier on text
+    hf:lm        hf_lm.py        a transformers causal LM, token-weighted loss
+
+A task implements base.Task (the written contract); settle.py decides which registry line a run uses,
+once, before anything is written. Adding a task is its module plus its line here.
+"""
+
+from __future__ import annotations
+
+from ..config import TrainConfig
+from .base import BaseTask, Task, check_loss, evaluate, training_loss, user_loss_function
+from .classify import Classification
+from .hf_lm import HFCausalLM
+from .hf_text import HFClassification
+from .lm import LanguageModel
+from .multilabel import MultiLabel
+from .regress import Regression
+
+REGISTRY: dict[str, type[BaseTask]] = {
+    "classify": Classification,
+    "regress": Regression,
+    "multilabel": MultiLabel,
+    "lm": LanguageModel,
+    "hf:classify": HFClassification,
+    "hf:lm": HFCausalLM,
+}
+META_KEY = "task_module"  # the registry line of a run, saved with its weights
+
+
+def make_task(cfg: TrainConfig, key: str) -> Task:
+    """The registry's task for a settled config (settle.settle gives the key)."""
+    task = REGISTRY[key](cfg)
+    task.key = key
+    return task
+
+
+def task_of_run(cfg: TrainConfig, meta: dict) -> Task:
+    """The task a finished run trained, from its saved config and weights' metadata."""
+    key = meta.get(META_KEY) or (f"hf:{cfg.data.task}" if cfg.model.name.startswith("hf:") else cfg.data.task)
+    return make_task(cfg, key)
+
+
+__all__ = [
+    "REGISTRY",
+    "Task",
+    "check_loss",
+    "evaluate",
+    "make_task",
+    "task_of_run",
+    "training_loss",
+    "user_loss_function",
+]

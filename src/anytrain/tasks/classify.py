@@ -1,0 +1,97 @@
+"""classify: targets are class ids; the model returns logits (batch, classes); cross-entropy; accuracy.
+Tables of numbers, images and streams come through data/tables.py; text to classify (--text-column
+with --label-column) through data/textcls.py (token ids padded to each batch's longest text).
+
+`Labelled` holds what the tasks on labelled data share (regress.py and multilabel.py build on it):
+the model from the model section and the data's shape, rebuilt for inference from the shape saved
+with the weights, and predict's reading of new rows (numbers, images or texts, as the run trained on).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..config import ConfigError
+from ..data.splits import Splits
+from ..shape import DataShape
+from ..usermodel import make_model
+from .base import BaseTask, means, per_position
+
+
+class Labelled(BaseTask):
+    def load_data(self, given=None) -> Splits:
+        from ..data.tables import load_labelled
+
+        self.data = load_labelled(self.cfg, given)
+        return self.data
+
+    def build_model(self, given=None) -> nn.Module:
+        shape = self.data.shape
+        return make_model(self.cfg.model, shape, given, self.example_targets(shape, 2))
+
+    def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
+        shape = DataShape.from_json(meta["data_shape"]) if "data_shape" in meta else self.legacy_shape(meta)
+        return make_model(self.cfg.model, shape, given, self.example_targets(shape, 2))
+
+    def legacy_shape(self, meta: dict) -> DataShape:
+        """The shape of a run saved before data_shape was stored with the weights."""
+        return DataShape("tabular", num_classes=int(meta["num_classes"]), num_features=int(meta["num_features"]))
+
+    def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
+        """(inputs, the file's rows, its name): numbers, images or texts, prepared as the run's were."""
+        from ..data.tables import predict_rows
+
+        if "input_columns" not in meta:
+            raise ConfigError(
+                f"run_dir: no input columns were saved with {folder} (trained on generated data, or by an older "
+                "anytrain)"
+            )
+        columns = json.loads(meta["input_columns"])
+        if "image_look" in meta:
+            from ..data.images import predict_images
+
+            return predict_images(dataset, columns, meta["image_look"])
+        shape = DataShape.from_json(meta["data_shape"]) if "data_shape" in meta else None
+        if shape is not None and shape.kind == "tokens":
+            from ..data.textcls import predict_texts
+            from ..data.tokenizer import read_tokenizer
+
+            return predict_texts(dataset, columns, read_tokenizer(meta["vocab"], folder), shape.max_length)
+        return predict_rows(dataset, columns, int(meta["num_features"]) if "num_features" in meta else None)
+
+
+class Classification(Labelled):
+    name = "classify"
+
+    def load_data(self, given=None) -> Splits:
+        if not self.cfg.data.text_column:
+            return super().load_data(given)
+        from ..data.textcls import load_text_class_splits
+
+        self.data = load_text_class_splits(self.cfg, given)
+        return self.data
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs, targets)
+
+    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        return per_position(outputs, targets)
+
+    def metrics(self, sums: dict, count: int) -> dict:
+        return means(sums, count)
+
+    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
+        return torch.zeros(batch, dtype=torch.long)
+
+    def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]:
+        names = json.loads(meta["class_names"]) if "class_names" in meta else None
+        best, ids = outputs.float().softmax(-1).max(-1)
+        return [
+            {"class_id": k, "class_name": names[k] if names else None, "probability": p}
+            for k, p in zip(ids.tolist(), best.tolist())
+        ]

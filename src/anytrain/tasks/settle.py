@@ -1,0 +1,136 @@
+"""The task a run trains, settled once, before anything is written: from the options where they say
+(--task, --model gpt, text without labels), else from the training labels. The result is a new config
+(the task, and a bundled set's columns, filled in), the registry line that trains it, and why, which
+the start-up line and summary.json say. Checks that depend on the task happen here too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ConfigError, TrainConfig
+from ..data.bundled import LABELLED_TEXT
+from ..data.sources import is_text_dataset
+from ..data.splits import Splits
+from . import REGISTRY, Task
+
+HF_TASKS = ("classify", "lm")
+
+
+@dataclass(frozen=True)
+class Settled:
+    cfg: TrainConfig  # the config with the task settled
+    key: str  # its registry line (tasks/__init__.py)
+    reason: str  # why this task
+
+
+def settle(cfg: TrainConfig, given=None) -> Settled:
+    """The task for this config and data (`given`: a datasets object passed to anytrain.train)."""
+    if cfg.model.name.startswith("hf:"):
+        from ..hf import transformers
+
+        transformers()  # not installed: one line naming the extra, before any data is read
+    cfg = bundled_columns(cfg)
+    task, reason = chosen_task(cfg, given)
+    if task != cfg.data.task:
+        cfg = cfg.replace(task=task)
+    key = f"hf:{task}" if cfg.model.name.startswith("hf:") else task
+    check_fits(cfg, key)
+    return Settled(cfg, key, reason)
+
+
+def bundled_columns(cfg: TrainConfig) -> TrainConfig:
+    """A bundled labelled text set (shakespeare-speakers) names its own text and label columns."""
+    if cfg.data.dataset not in LABELLED_TEXT:
+        return cfg
+    text, label = LABELLED_TEXT[cfg.data.dataset]
+    changes = {} if cfg.data.text_column else {"text_column": text}
+    if "label_column" not in cfg.given:
+        changes["label_column"] = label
+    return cfg.replace(**changes) if changes else cfg
+
+
+def chosen_task(cfg: TrainConfig, given=None) -> tuple[str, str]:
+    """(task, why): what the options say (task_from_options), else what the training labels say."""
+    said = task_from_options(cfg)
+    if said is not None:
+        return said
+    labels = training_labels(cfg, given)
+    if labels is None:
+        return "classify", "auto"
+    from ..data.targets import task_from_labels
+
+    return task_from_labels(labels, cfg.data.label_column)
+
+
+def task_from_options(cfg: TrainConfig) -> tuple[str, str] | None:
+    """(task, why) as far as the options tell: --task when given; lm for --model gpt and for text without
+    labels (the bundled shakespeare, .txt files, --text-column without --label-column); None when the
+    data is labelled, so its labels decide."""
+    if cfg.data.task != "auto":
+        return cfg.data.task, f"--task {cfg.data.task}"
+    if cfg.model.name == "gpt":
+        return "lm", "auto: --model gpt models text"
+    labelled = "label_column" in cfg.given
+    if is_text_dataset(cfg.data.dataset, cfg.data.text_column) and not (cfg.data.text_column and labelled):
+        return "lm", "auto: text without labels"
+    return None
+
+
+def training_labels(cfg: TrainConfig, given=None):
+    """The training split's labels as data/targets.py reads them; None where classification is the only
+    choice (streams, images, generated data) or the label column is missing (the loader names it)."""
+    from ..data.sources import ImageFolder, opened
+    from ..data.targets import label_columns, read_labels
+
+    if cfg.data.streaming or (given is None and cfg.data.dataset == "synthetic"):
+        return None
+    if given is None and ImageFolder.scan(cfg.data.dataset) is not None:
+        return None
+    train = opened(cfg, given)[0]["train"]
+    if any(c not in train.column_names for c in label_columns(cfg)):
+        return None
+    return read_labels(train.with_format("arrow"), cfg)
+
+
+def check_fits(cfg: TrainConfig, key: str) -> None:
+    """What the settled task rules out: a model that does not fit it, a loss for another task, text for
+    regress or multilabel, a stream of anything but classification data."""
+    from ..models import FITS, LABELLED
+
+    data, model, task = cfg.data, cfg.model, cfg.data.task
+    if key not in REGISTRY:
+        raise ConfigError(f"--model {model.name}: transformers models train --task {' or '.join(HF_TASKS)} here")
+    if cfg.optim.loss in ("mse", "huber") and task != "regress":
+        said = f"--task {task} has its own (--loss auto)" if "task" in cfg.given else f"this data is a {task} task"
+        raise ConfigError(f"--loss {cfg.optim.loss} is a regression loss; {said}")
+    if task in ("regress", "multilabel") and data.text_column:
+        raise ConfigError(
+            f"--task {task} learns from tables of numbers; text (--text-column) is classified (--task classify) "
+            "or modelled (--task lm)"
+        )
+    if data.streaming and (task != "classify" or data.text_column):
+        raise ConfigError(
+            "--streaming reads classification data (tables of numbers or images); text is tokenised first instead "
+            "(into memory, or memory-mapped files for language models)"
+        )
+    learns = "classify text" if task == "classify" and data.text_column else task
+    if ":" in model.name or model.name in (*FITS[learns], "auto"):
+        return
+    known = (*LABELLED, "encoder", "bag", "gpt")
+    if model.name in known:
+        fits = {"classify text": "--task classify with --text-column"}.get(learns, f"--task {learns}")
+        raise ConfigError(f"--model {model.name} does not fit {fits} (choose {' or '.join(FITS[learns])})")
+    raise ConfigError(
+        f"--model: unknown model '{model.name}' (choose {', '.join(known)}, or give your own as "
+        "module:factory or file.py:factory)"
+    )
+
+
+def load(cfg: TrainConfig, given=None) -> tuple[Settled, Task, Splits]:
+    """The task settled, then its data loaded: (settled, task, data). The trainer calls this with the
+    main process first (it prepares and caches the dataset), model_parallel and your code directly."""
+    from . import make_task
+
+    settled = settle(cfg, given)
+    task = make_task(settled.cfg, settled.key)
+    return settled, task, task.load_data(given)
