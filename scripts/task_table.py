@@ -33,5 +33,17 @@ def rows() -> list[str]:
     return out
 
 
+HEADER = "| task (registry line) | module | lines | builds on | data helpers it calls |\n|---|---|---|---|---|\n"
+
+
+def write(guide: Path = ROOT / "docs" / "guide.md") -> None:
+    text = guide.read_text()
+    start = text.index(HEADER) + len(HEADER)
+    end = text.index("\n\n", start)
+    guide.write_text(text[:start] + "\n".join(rows()) + text[end:])
+
+
 if __name__ == "__main__":
+    if "--write" in sys.argv:
+        write()
     print("\n".join(rows()))

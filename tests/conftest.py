@@ -197,3 +197,15 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: int
         assert proc.poll() is None, "the run ended before the kill step"
         time.sleep(0.02)
     raise TimeoutError(f"step {step} not reached")
+
+
+def run_cli_error(capsys, argv: list[str]) -> str:
+    """The command line on bad input: exit code 2 and one line on stderr (returned), not a traceback."""
+    from anytrain.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err

@@ -101,3 +101,27 @@ def tiny_gpt2(folder: Path, seed: int = 0) -> Path:
     GPT2LMHeadModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def tiny_bert_mlm(folder: Path, seed: int = 0) -> Path:
+    """The tiny BERT with its masked-LM head (BertForMaskedLM), as a pretrained checkpoint is saved: the masked-LM
+    task trains it as it is, the token classifier replaces the head with one for the tags."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    tokenizer = bert_tokenizer()
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=POSITIONS,
+        pad_token_id=tokenizer.pad_token_id,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(seed)
+    BertForMaskedLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_cli_error
 
-from anytrain.cli import main
 from anytrain.config import OPTIONS, SECTIONS, ConfigError, TrainConfig, build_parser, parse_config
 
 
@@ -18,15 +18,6 @@ def options_task(cfg):
 
     said = task_from_options(bundled_columns(cfg))
     return said and said[0]
-
-
-def run_cli_error(capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err  # one clear line, not a traceback
-    return err
 
 
 def test_defaults_are_the_dataclass_defaults():

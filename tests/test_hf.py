@@ -259,6 +259,9 @@ def test_a_head_for_another_label_count_is_replaced_by_a_new_one(folders):
 
     cfg = parse_config(["--model", f"hf:{folders['bert']}", "--max-length", "64"])
     tokenizer = hf.load_tokenizer(cfg)
-    config = hf.model_config(cfg, "classify", tokenizer, ["a", "b", "c"], 3)
-    model = hf.load_model(cfg, "classify", config)
+    from anytrain.tasks.hf_text import HFClassification
+
+    head = HFClassification.head
+    config = hf.model_config(cfg, head, "classify", tokenizer.pad_token_id, ["a", "b", "c"])
+    model = hf.load_model(cfg, head, config)
     assert model.classifier.out_features == 3 and model.config.id2label == {0: "a", 1: "b", 2: "c"}

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import check_fingerprint, max_abs_diff, read_metrics, read_summary
+from conftest import check_fingerprint, max_abs_diff, read_metrics, read_summary, run_cli_error
 
 import anytrain.data.text as text_module
 from anytrain import TrainConfig, load_model
@@ -268,15 +268,6 @@ def test_compile_without_a_cxx_compiler_says_so_in_one_line_and_runs_eager(tmp_p
 
 
 # --------------------------------------------------------------------------- bad input
-
-
-def run_cli_error(capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(["--no-progress", *argv])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 def test_bad_text_input_is_one_line_naming_the_option_and_writes_nothing(tmp_path, capsys):

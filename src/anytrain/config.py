@@ -67,11 +67,12 @@ def option(
 class DataConfig:
     task: str = option(
         "auto",
-        "classify, regress, multilabel or lm (next-token language modelling); auto = lm for --model gpt and for "
-        "text without labels (shakespeare, .txt, --text-column alone); otherwise the labels decide when the data is "
-        "read: several label columns or non-integer numbers = regress, lists = multilabel, else classify "
-        "(--text-column with --label-column, or shakespeare-speakers, classifies text)",
-        choices=("auto", "classify", "regress", "multilabel", "lm"),
+        "what to learn: one of the registry's tasks (README 'Tasks'): classify, regress, multilabel or lm (next-token "
+        "language modelling), and with a transformers model (--model hf:...) also the tasks it adds, such as tag "
+        "(token classification); auto = lm for --model gpt and for text without labels (shakespeare, .txt, "
+        "--text-column alone); otherwise the labels decide when the data is read: several label columns or "
+        "non-integer numbers = regress, lists = multilabel, else classify (--text-column with --label-column, or "
+        "shakespeare-speakers, classifies text)",
     )
     dataset: str = option(
         "digits",

@@ -3,9 +3,8 @@ loaded from one folder (or a hub id where the network allows) for the task, chec
 and saved back with `save_pretrained` so transformers can load the result. transformers is optional
 (`pip install 'anytrain[hf]'`); nothing here imports it before a run asks for an hf: model.
 
-- classify: AutoModelForSequenceClassification, with num_labels, id2label and label2id from the data.
-- lm: AutoModelForCausalLM. Each text is one sequence, padded at its end; padded positions get the
-  label -100 (transformers' "ignore"), so they never count in the loss or a metric.
+Each transformers task (tasks/hf_*.py) names its `Head`: the Auto class (AutoModelForSequenceClassification,
+AutoModelForCausalLM, ...), and whether its labels come from the data (num_labels, id2label, label2id).
 
 A tokenizer without a pad token gets its end-of-text token as pad token, as transformers' own
 recipes do (run_clm, run_glue), and the model's config is told the pad id.
@@ -14,13 +13,13 @@ recipes do (run_clm, run_glue), and the model's config is told the pad id.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ConfigError, TrainConfig, first_line
 
 PREFIX = "hf:"
 FOLDER = "hf"  # the run folder's save_pretrained output: run_dir/hf
-CLASSES = {"classify": "AutoModelForSequenceClassification", "lm": "AutoModelForCausalLM"}
 # A folder's tokenizer: without one of these, transformers 5 builds an empty tokenizer of special tokens only.
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -30,6 +29,19 @@ TOKENIZER_FILES = (
     "spiece.model",
     "sentencepiece.bpe.model",
 )
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a transformers task needs of a model: its Auto class, the head's name (for messages), whether its
+    labels come from the data (num_labels; a checkpoint's head for another label count is replaced), the
+    loss transformers should name where the class does not, and whether --max-length must fit its positions."""
+
+    auto_class: str
+    name: str
+    labelled: bool = False
+    loss_type: str | None = None
+    positions: bool = True
 
 
 def is_hf(name: str) -> bool:
@@ -92,57 +104,55 @@ def load_tokenizer(cfg: TrainConfig):
     return tokenizer
 
 
-def model_config(cfg: TrainConfig, task: str, tokenizer, class_names: list[str] | None, num_classes: int):
-    """The model's config for the task (for classify: num_labels, id2label, label2id from the data; the
-    pad id of the tokenizer), checked before anything is written: ConfigError when its architecture has
-    no head for the task in transformers or its positions are fewer than --max-length."""
+def model_config(cfg: TrainConfig, head: Head, task: str, pad_id: int | None, labels: list[str] | None = None):
+    """The model's config for the task's head (with labels: num_labels, id2label, label2id from the data; the
+    tokenizer's pad id), checked before anything is written: ConfigError when its architecture has no such
+    head in transformers or its positions are fewer than --max-length."""
     source = check_folder(cfg)
     module = transformers()
-    names = class_names or [str(k) for k in range(num_classes)]
     extra = {}
-    if task == "classify":
+    if labels is not None:
         extra = dict(
-            num_labels=num_classes, id2label=dict(enumerate(names)), label2id={n: k for k, n in enumerate(names)}
+            num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={n: k for k, n in enumerate(labels)}
         )
     try:
         config = module.AutoConfig.from_pretrained(source, **extra)
-        getattr(module, CLASSES[task])._model_mapping[type(config)]  # noqa: B018 - raises: no head for the task
+        getattr(module, head.auto_class)._model_mapping[type(config)]  # noqa: B018 - raises: no head for the task
     except (KeyError, ValueError) as e:
         kind = getattr(locals().get("config"), "model_type", "this")
-        head = "sequence-classification" if task == "classify" else "causal-LM"
         raise ConfigError(
-            f"--model hf:{source}: a {kind} model has no {head} head in transformers, so it does not fit --task "
+            f"--model hf:{source}: a {kind} model has no {head.name} head in transformers, so it does not fit --task "
             f"{task} ({first_line(e)})"
         ) from None
     except OSError as e:
         raise ConfigError(f"--model hf:{source}: cannot read its config ({first_line(e)})") from None
     positions = max_positions(config)
-    if positions is not None and cfg.data.max_length > positions:
+    if head.positions and positions is not None and cfg.data.max_length > positions:
         raise ConfigError(
             f"--max-length {cfg.data.max_length} exceeds the {positions} positions of hf:{source} "
             f"(max_position_embeddings); pass --max-length {positions} or less"
         )
-    config.pad_token_id = tokenizer.pad_token_id
+    if pad_id is not None:
+        config.pad_token_id = pad_id
     return config
 
 
-def load_model(cfg: TrainConfig, task: str, config):
-    """The pretrained weights under the checked config (a new classification head is initialised by
-    transformers, from the seeded RNG)."""
+def load_model(cfg: TrainConfig, head: Head, config):
+    """The pretrained weights under the checked config. A head with labels from the data is new where the
+    checkpoint's is for another label count (transformers initialises it from the seeded RNG), as run_glue does."""
     source = source_of(cfg)
-    # A checkpoint with a classification head for another number of labels gets a new head, as run_glue does
-    mismatched = dict(ignore_mismatched_sizes=True) if task == "classify" else {}
+    mismatched = dict(ignore_mismatched_sizes=True) if head.labelled else {}
     try:
-        model = getattr(transformers(), CLASSES[task]).from_pretrained(source, config=config, **mismatched)
+        model = getattr(transformers(), head.auto_class).from_pretrained(source, config=config, **mismatched)
     except (OSError, ValueError, RuntimeError) as e:
         raise ConfigError(f"--model hf:{source}: cannot load its weights ({first_line(e)})") from None
-    return with_loss_type(model, task)
+    return with_loss_type(model, head)
 
 
-def with_loss_type(model, task: str):
-    """Name the loss transformers uses (GPT2LMHeadModel's class name does not say, and it warns so)."""
-    if task == "lm" and getattr(model, "loss_type", None) is None:
-        model.loss_type = "ForCausalLM"
+def with_loss_type(model, head: Head):
+    """Name the loss transformers uses where the class name does not say (GPT2LMHeadModel; it warns so)."""
+    if head.loss_type and getattr(model, "loss_type", None) is None:
+        model.loss_type = head.loss_type
     return model
 
 
@@ -154,12 +164,12 @@ def max_positions(config) -> int | None:
     return None
 
 
-def model_from_config(task: str, config_json: str):
+def model_from_config(head: Head, config_json: str):
     """The model rebuilt from the config saved with the weights (no folder needed), weights to be loaded."""
     module = transformers()
     data = json.loads(config_json)
     config = module.AutoConfig.for_model(data.pop("model_type"), **data)
-    return with_loss_type(getattr(module, CLASSES[task]).from_config(config), task)
+    return with_loss_type(getattr(module, head.auto_class).from_config(config), head)
 
 
 def save_pretrained(model, tokenizer, run_dir: Path) -> Path:

@@ -266,9 +266,9 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     take_lock(accelerator, lock)
 
     model = task.build_model(given.model)
-    forward = forward_for(model)  # model(inputs), or with the targets for a model that computes its own loss
+    forward = forward_for(model, task.targets_to_model)  # model(inputs), + the targets if it computes its own loss
     criterion = training_loss(task, user_loss)
-    if user_loss is not None or targets_keyword(model):  # the task's own loss on checked logits needs no trial
+    if user_loss is not None or (task.targets_to_model and targets_keyword(model)):  # else: checked logits
         check_loss(criterion, model, task, data.shape, forward)
     optimizer = build_optimizer(cfg.optim, model, accelerator.device.type)
     splits = [split for split in (data.train, data.validation, data.test) if split is not None]

@@ -115,11 +115,11 @@ def targets_keyword(model: nn.Module) -> str | None:
     return next((name for name in ("labels", "targets") if name in parameters), None)
 
 
-def forward_for(model: nn.Module) -> Callable:
-    """How the loop calls this model: model(inputs), or model(inputs, labels=targets) for one that takes them;
-    a dict of inputs (transformers' batches) is passed as keyword arguments. Decided once, on the unwrapped
-    model, so the loop holds no branch for it."""
-    keyword = targets_keyword(model)
+def forward_for(model: nn.Module, pass_targets: bool = True) -> Callable:
+    """How the loop calls this model: model(inputs), or model(inputs, labels=targets) for one that takes them
+    (unless the task computes the loss itself, pass_targets=False); a dict of inputs (transformers' batches)
+    is passed as keyword arguments. Decided once, on the unwrapped model, so the loop holds no branch for it."""
+    keyword = targets_keyword(model) if pass_targets else None
     if keyword is None:
         return lambda m, inputs, targets: m(**inputs) if isinstance(inputs, dict) else m(inputs)
     return lambda m, inputs, targets: (

@@ -6,6 +6,7 @@
     lm           lm.py           token windows; next-token cross-entropy; perplexity
     hf:classify  hf_text.py      a transformers sequence classifier on text
     hf:lm        hf_lm.py        a transformers causal LM, token-weighted loss
+    hf:tag       hf_tag.py       a transformers token classifier on tagged words; entity P/R/F1
 
 A task implements base.Task (the written contract); settle.py decides which registry line a run uses,
 once, before anything is written. Adding a task is its module plus its line here.
@@ -17,6 +18,7 @@ from ..config import TrainConfig
 from .base import BaseTask, Task, check_loss, evaluate, training_loss, user_loss_function
 from .classify import Classification
 from .hf_lm import HFCausalLM
+from .hf_tag import TokenClassification
 from .hf_text import HFClassification
 from .lm import LanguageModel
 from .multilabel import MultiLabel
@@ -29,6 +31,7 @@ REGISTRY: dict[str, type[BaseTask]] = {
     "lm": LanguageModel,
     "hf:classify": HFClassification,
     "hf:lm": HFCausalLM,
+    "hf:tag": TokenClassification,
 }
 META_KEY = "task_module"  # the registry line of a run, saved with its weights
 

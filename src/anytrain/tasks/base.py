@@ -40,6 +40,7 @@ class Task(Protocol):
 
     name: str  # the --task it trains: classify, regress, multilabel, lm, ...
     cfg: TrainConfig
+    targets_to_model: bool  # the loop passes the targets to a model whose forward takes them (its own loss)
 
     def load_data(self, given=None) -> Splits: ...  # read, check, split; ConfigError (one line) on bad data
     def build_model(self, given=None) -> nn.Module: ...  # the model to train, checked on a batch of 2
@@ -65,6 +66,7 @@ class BaseTask:
 
     name = ""
     data: Splits
+    targets_to_model = True
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg

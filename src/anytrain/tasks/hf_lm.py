@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..hf import Head
 from ..shape import DataShape
 from ..usermodel import logits_of
 from .lm import LanguageModel
@@ -19,6 +20,8 @@ from .transformers import Transformers, token_weighted
 
 
 class HFCausalLM(Transformers, LanguageModel):
+    head = Head("AutoModelForCausalLM", "causal-LM", loss_type="ForCausalLM")
+
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         logits, labels = logits_of(outputs)[:, :-1].float(), targets[:, 1:]  # position t predicts token t + 1
         losses = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")

@@ -3,9 +3,12 @@ id2label and label2id from the data, trained on the model's own loss (cross-entr
 
 from __future__ import annotations
 
+from ..hf import Head
 from .classify import Classification
 from .transformers import Transformers
 
 
 class HFClassification(Transformers, Classification):
     """The data is tokenised by the model's tokenizer (data/hftext.py); metrics and predictions are classify's."""
+
+    head = Head("AutoModelForSequenceClassification", "sequence-classification", labelled=True)

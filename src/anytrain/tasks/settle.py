@@ -13,8 +13,6 @@ from ..data.sources import is_text_dataset
 from ..data.splits import Splits
 from . import REGISTRY, Task
 
-HF_TASKS = ("classify", "lm")
-
 
 @dataclass(frozen=True)
 class Settled:
@@ -98,8 +96,14 @@ def check_fits(cfg: TrainConfig, key: str) -> None:
     from ..models import FITS, LABELLED
 
     data, model, task = cfg.data, cfg.model, cfg.data.task
+    known = sorted({k.removeprefix("hf:") for k in REGISTRY})
+    if task not in known:
+        raise ConfigError(f"--task: unknown task '{task}' (choose auto, {', '.join(known)})")
     if key not in REGISTRY:
-        raise ConfigError(f"--model {model.name}: transformers models train --task {' or '.join(HF_TASKS)} here")
+        hf_tasks = [k.removeprefix("hf:") for k in REGISTRY if k.startswith("hf:")]
+        if model.name.startswith("hf:"):
+            raise ConfigError(f"--model {model.name}: transformers models train --task {', '.join(hf_tasks)} here")
+        raise ConfigError(f"--task {task} trains a transformers model: --model hf:FOLDER_OR_ID")
     if cfg.optim.loss in ("mse", "huber") and task != "regress":
         said = f"--task {task} has its own (--loss auto)" if "task" in cfg.given else f"this data is a {task} task"
         raise ConfigError(f"--loss {cfg.optim.loss} is a regression loss; {said}")
@@ -114,7 +118,7 @@ def check_fits(cfg: TrainConfig, key: str) -> None:
             "(into memory, or memory-mapped files for language models)"
         )
     learns = "classify text" if task == "classify" and data.text_column else task
-    if ":" in model.name or model.name in (*FITS[learns], "auto"):
+    if ":" in model.name or model.name in (*FITS.get(learns, ()), "auto"):
         return
     known = (*LABELLED, "encoder", "bag", "gpt")
     if model.name in known:

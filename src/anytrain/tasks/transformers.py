@@ -12,16 +12,21 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..data.splits import Splits
+from ..hf import Head
 from ..shape import DataShape
+from ..usermodel import logits_of
 from .base import BaseTask
 
 
 class Transformers(BaseTask):
     """A transformers task's model, tokenizer, metadata, export and predict inputs; its loss, metrics and
     predictions come from the task it is the transformers flavour of (HFClassification(Transformers,
-    Classification))."""
+    Classification)). `head` names the transformers model class the task trains (hf.Head)."""
+
+    head: Head
 
     def load_data(self, given=None) -> Splits:
         from .. import hf
@@ -29,20 +34,26 @@ class Transformers(BaseTask):
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
         self.data = load_hf_splits(self.cfg, self.tokenizer, self.name, given)
-        self.model_config = hf.model_config(
-            self.cfg, self.name, self.tokenizer, self.data.class_names, self.data.num_classes
-        )
+        self.model_config = self.checked_config(self.tokenizer.pad_token_id)
         return self.data
+
+    def checked_config(self, pad_id: int | None):
+        """The model's transformers config for this task and data, checked before anything is written."""
+        from .. import hf
+
+        data = self.data
+        labels = (data.class_names or [str(k) for k in range(data.num_classes)]) if self.head.labelled else None
+        return hf.model_config(self.cfg, self.head, self.name, pad_id, labels)
 
     def build_model(self, given=None) -> nn.Module:
         from .. import hf
 
-        return hf.load_model(self.cfg, self.name, self.model_config)
+        return hf.load_model(self.cfg, self.head, self.model_config)
 
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
         from .. import hf
 
-        return hf.model_from_config(self.name, meta["hf_config"])
+        return hf.model_from_config(self.head, meta["hf_config"])
 
     rates = BaseTask.rates  # samples/s and tokens/s from the texts' mean length, whichever task this flavours
     describe_data = BaseTask.describe_data
@@ -71,13 +82,11 @@ class Transformers(BaseTask):
         return predict_hf_texts(dataset, columns, tokenizer_of_run(folder), shape.max_length)
 
 
-def token_weighted(batches, loader, epoch: int, skipped: int, per_row, accum: int):
-    """Each batch's inputs get `num_items_in_batch`, so that transformers' loss is the sum over its
-    target tokens divided by it: the global count of target tokens in the batch's optimizer step
-    over (processes x accumulation steps). accelerator.backward divides by the accumulation steps and
-    DDP averages over processes, so the step's gradient is that of the mean over all its tokens.
-    The counts come from this epoch's batch indices (the sampler is a function of seed and epoch) and
-    `per_row` (target tokens per training row), with one all-reduce per epoch: no batch is read ahead."""
+def step_shares(loader, epoch: int, per_row, accum: int) -> list[float]:
+    """For each of this epoch's batches (by index), the global count of target tokens in its optimizer step
+    over (processes x accumulation steps). The counts come from the epoch's batch indices (the sampler is a
+    function of seed and epoch) and `per_row` (target tokens per training row), with one all-reduce per
+    epoch: no batch is read ahead."""
     from accelerate.state import PartialState
     from accelerate.utils import reduce
 
@@ -90,6 +99,51 @@ def token_weighted(batches, loader, epoch: int, skipped: int, per_row, accum: in
         steps[k // accum] += count
     if state.num_processes > 1:
         steps = reduce(steps.to(state.device), "sum").cpu()
-    share = (steps / (state.num_processes * accum)).tolist()
+    return [steps[k // accum].item() / (state.num_processes * accum) for k in range(len(per_batch))]
+
+
+def token_weighted(batches, loader, epoch: int, skipped: int, per_row, accum: int):
+    """Each batch's inputs get `num_items_in_batch` (its step's share, step_shares), so that transformers'
+    loss is the sum over its target tokens divided by it. accelerator.backward divides by the accumulation
+    steps and DDP averages over processes, so the step's gradient is that of the mean over all its tokens."""
+    shares = step_shares(loader, epoch, per_row, accum)
     for k, (inputs, targets) in enumerate(batches, start=skipped):
-        yield {**inputs, "num_items_in_batch": share[k // accum]}, targets
+        yield {**inputs, "num_items_in_batch": shares[k]}, targets
+
+
+class TokenWeighted(Transformers):
+    """A transformers task whose loss it computes itself from the model's logits (the model is not given the
+    labels: BERT's and T5's own losses are plain per-batch means): the sum of the cross-entropy over the
+    batch's target tokens (label -100: none) divided by its step's share of target tokens (step_shares),
+    so the step's gradient is that of the mean over all its tokens on any number of ranks and accumulation
+    steps. Evaluation: the mean over every target token of the split, and the accuracy of its tokens."""
+
+    targets_to_model = False
+    share: float | None = None  # the current training batch's step share (train_batches sets it)
+
+    def targets_per_row(self, epoch: int):
+        """Target tokens of each training row in this epoch (numpy)."""
+        return self.data.train.targets_per_row
+
+    def train_batches(self, batches, loader, epoch: int, skipped: int):
+        shares = step_shares(loader, epoch, self.targets_per_row(epoch), self.cfg.optim.grad_accum_steps)
+        for k, batch in enumerate(batches, start=skipped):
+            self.share = shares[k]  # the loss of this batch, computed before the next one is drawn
+            yield batch
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        total = F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), ignore_index=-100, reduction="sum")
+        return total / (self.share or (targets != -100).sum().clamp(min=1))
+
+    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = logits_of(outputs).float()
+        losses = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
+        real = targets != -100
+        tokens, sums = real.sum(1), losses.sum(1)
+        hits = ((logits.argmax(-1) == targets) & real).sum(1)
+        return {"loss": sums / tokens.clamp(min=1), "token_loss": sums, "tokens": tokens, "hits": hits}
+
+    def metrics(self, sums: dict, count: int) -> dict:
+        tokens = max(sums["tokens"].item(), 1)
+        loss = sums["token_loss"].item() / tokens
+        return {"loss": loss, "accuracy": sums["hits"].item() / tokens}
