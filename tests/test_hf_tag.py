@@ -13,24 +13,21 @@ import random
 
 import pytest
 import torch
-from conftest import kill_and_resume, launch, max_abs_diff, read_metrics, read_summary, run_cli_error
+from conftest import run_cli_error
+from hfchecks import big_batch, check_accumulation, check_kill_and_resume, check_two_ranks, in_process
 from hfmodels import tiny_bert_mlm
 from tagdata import tagged
 from textdata import write_jsonl
 
-from anytrain import load_model
-from anytrain.config import parse_config
 from anytrain.data.tagging import align_labels, entities, entity_counts, prf
 from anytrain.predict import predict
 from anytrain.tasks.hf_tag import TokenClassification
-from anytrain.trainer import train
 
 pytest.importorskip("transformers")
 
 N = 324
 SPLIT = f"--val-fraction {33.5 / N} --test-fraction {35.5 / N}".split()
 TAG = [*SPLIT, *"--task tag --text-column tokens --label-column tags --max-length 64".split()]
-TOL = 2e-5  # weights after 8 AdamW steps: float32 sums in another order (as tests/test_hf.py)
 
 
 @pytest.fixture(scope="module")
@@ -47,23 +44,9 @@ def args(folders, *flags: str) -> list[str]:
     return ["--model", f"hf:{folders['bert']}", "--dataset", str(folders["data"]), *TAG, *flags]
 
 
-def in_process(run_dir, *flags: str) -> dict:
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(True)
-    try:
-        return train(parse_config([*flags, "--no-progress", "--no-plot", "--output-dir", str(run_dir)]))
-    finally:
-        AcceleratorState._reset_state(True)
-
-
 @pytest.fixture(scope="module")
-def big_batch(folders, tmp_path_factory):
-    """1 process x batch 16, 8 steps: the reference for 4 accumulated x 4 and for 2 ranks x 8."""
-    run_dir = tmp_path_factory.mktemp("tag_big")
-    return in_process(
-        run_dir, *args(folders, "--batch-size", "16", "--max-steps", "8", "--log-every-steps", "1")
-    ), run_dir
+def reference(folders, tmp_path_factory):
+    return big_batch(args(folders), tmp_path_factory.mktemp("tag_big"))
 
 
 def test_entities_are_counted_as_seqeval_counts_them():
@@ -118,49 +101,19 @@ def test_the_bert_learns_the_tags_and_predict_gives_what_transformers_loads(fold
     assert [model.config.id2label[best[first[w]]] for w in range(6)] == predicted[0]["tags"]
 
 
-def test_token_weighted_accumulation_equals_one_big_batch(folders, big_batch, tmp_path, monkeypatch):
-    one, one_dir = big_batch
-    flags = ("--batch-size", "4", "--grad-accum-steps", "4", "--max-steps", "8", "--log-every-steps", "1")
-    accum = in_process(tmp_path / "accum", *args(folders, *flags))
-    assert accum["optimizer_steps"] == one["optimizer_steps"] == 8
-    diff = max_abs_diff(load_model(tmp_path / "accum").state_dict(), load_model(one_dir).state_dict())
-    assert diff < TOL, diff
-    losses = [[m["loss"] for m in read_metrics(d) if m["kind"] == "train"] for d in (tmp_path / "accum", one_dir)]
-    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
-    # the control: each micro-batch a mean over its own words
-    monkeypatch.setattr(TokenClassification, "train_batches", lambda self, batches, *_: batches)
-    in_process(tmp_path / "plain", *args(folders, *flags))
-    plain = max_abs_diff(load_model(tmp_path / "plain").state_dict(), load_model(one_dir).state_dict())
-    assert plain > 20 * TOL and plain > 100 * diff, (plain, diff)
-    print(f"weights vs one batch of 16: token-weighted 4 x 4 {diff:.2e}, per-micro-batch means {plain:.2e}")
+def test_token_weighted_accumulation_equals_one_big_batch(folders, reference, tmp_path, monkeypatch):
+    check_accumulation(args(folders), reference, tmp_path, monkeypatch, TokenClassification)
 
 
 @pytest.mark.launch
-def test_two_ranks_equal_one_rank(folders, big_batch, tmp_path):
-    one, one_dir = big_batch
-    flags = ("--batch-size", "8", "--max-steps", "8", "--log-every-steps", "1")
-    result = launch("multi_cpu.yaml", *args(folders, *flags), "--output-dir", str(tmp_path / "two"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    two = read_summary(tmp_path / "two")
-    assert two["scenario"]["num_processes"] == 2 and len(set(two["weights_sha256_per_rank"])) == 1
-    diff = max_abs_diff(load_model(tmp_path / "two").state_dict(), load_model(one_dir).state_dict())
-    assert diff < TOL, diff
-    assert two["val_loss"] == pytest.approx(one["val_loss"], abs=TOL) and two["val_f1"] == one["val_f1"]
-    print(f"weights, 2 ranks x 8 vs 1 x 16: {diff:.2e}")
+def test_two_ranks_equal_one_rank(folders, reference, tmp_path):
+    two = check_two_ranks(args(folders), reference, tmp_path)
+    assert two["val_f1"] == reference[0]["val_f1"]
 
 
 @pytest.mark.launch
 def test_sigkill_mid_run_then_resume_is_bit_identical(folders, tmp_path):
-    kill_step = random.Random("tag").randint(8, 25)
-    # 160 steps (about 4 s): the kill lands mid-run, wherever it falls between the checkpoints
-    flags = "--batch-size 8 --grad-accum-steps 2 --max-steps 160 --epochs 20 --checkpoint-every-steps 4"
-    kill_and_resume(tmp_path, args(folders, *flags.split(), "--no-progress"), kill_step, env={"OMP_NUM_THREADS": "1"})
-    ref, res = load_model(tmp_path / "reference").state_dict(), load_model(tmp_path / "victim").state_dict()
-    assert all(torch.equal(ref[k], res[k]) for k in ref), "weights differ"
-    assert [(m["step"], m["loss"]) for m in read_metrics(tmp_path / "reference")] == [
-        (m["step"], m["loss"]) for m in read_metrics(tmp_path / "victim")
-    ]
-    assert read_summary(tmp_path / "victim")["resumed_from"] is not None
+    check_kill_and_resume(args(folders), tmp_path, "tag")
 
 
 def test_bad_tagged_data_is_one_line_and_writes_nothing(folders, tmp_path, capsys):

@@ -7,6 +7,7 @@
     hf:classify  hf_text.py      a transformers sequence classifier on text
     hf:lm        hf_lm.py        a transformers causal LM, token-weighted loss
     hf:tag       hf_tag.py       a transformers token classifier on tagged words; entity P/R/F1
+    hf:mlm       hf_mlm.py       a transformers masked LM on your text (domain adaptation); perplexity
 
 A task implements base.Task (the written contract); settle.py decides which registry line a run uses,
 once, before anything is written. Adding a task is its module plus its line here.
@@ -18,6 +19,7 @@ from ..config import TrainConfig
 from .base import BaseTask, Task, check_loss, evaluate, training_loss, user_loss_function
 from .classify import Classification
 from .hf_lm import HFCausalLM
+from .hf_mlm import MaskedLM
 from .hf_tag import TokenClassification
 from .hf_text import HFClassification
 from .lm import LanguageModel
@@ -32,6 +34,7 @@ REGISTRY: dict[str, type[BaseTask]] = {
     "hf:classify": HFClassification,
     "hf:lm": HFCausalLM,
     "hf:tag": TokenClassification,
+    "hf:mlm": MaskedLM,
 }
 META_KEY = "task_module"  # the registry line of a run, saved with its weights
 
