@@ -125,3 +125,52 @@ def tiny_bert_mlm(folder: Path, seed: int = 0) -> Path:
     BertForMaskedLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def bart_tokenizer(corpus_texts: list[str]):
+    """A WordPiece tokenizer with BART's special tokens (<s> 0, <pad> 1, </s> 2, <unk> 3), wrapping every text in
+    <s> ... </s> as BART's tokenizer does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    tok.train_from_iterator(corpus_texts, trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def tiny_bart(folder: Path, corpus_texts: list[str], seed: int = 0) -> Path:
+    """A BART encoder-decoder of about 180,000 parameters, dropout off, its tokenizer trained on `corpus_texts`;
+    its decoder starts from </s>, as BART's does. (A tiny T5 learns word order far slower here: its
+    cross-attention has no positions, and its relative positions are all a model this small has.)"""
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    tokenizer = bart_tokenizer(corpus_texts)
+    config = BartConfig(
+        vocab_size=len(tokenizer),
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=POSITIONS,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id,
+        forced_eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    BartForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

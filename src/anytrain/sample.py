@@ -74,10 +74,6 @@ def sample(
         raise ConfigError(
             f"run_dir: cannot read {weights}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from None
-    if cfg.data.task != "lm":
-        raise ConfigError(
-            f"run_dir: {run_dir} is a {cfg.data.task} run; sampling needs a language-model run (--task lm)"
-        )
     if not prompt:
         raise ConfigError("--prompt must not be empty")
     settings = {"tokens": tokens, "temperature": temperature, "top_k": top_k, "seed": seed, "device": device}

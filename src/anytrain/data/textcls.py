@@ -90,19 +90,22 @@ def load_text_class_splits(cfg: TrainConfig, given=None) -> Splits:
     )
 
 
-def check_texts(ds, column: str, source: str, split: str, label_column: str | None = None) -> None:
-    """The split has rows, the label column (when given) and a string text column without an empty text."""
+def check_texts(
+    ds, column: str, source: str, split: str, label_column: str | None = None, flag="--text-column"
+) -> None:
+    """The split has rows, the label column (when given) and a string text column without an empty text
+    (named by `flag` in messages: the option that names it)."""
     import datasets
 
     columns = ds.column_names
     if len(ds) == 0:
         raise ConfigError(f"--dataset: the {split} split of {source} is empty")
-    for flag, name in (("--text-column", column), ("--label-column", label_column)):
+    for option, name in ((flag, column), ("--label-column", label_column)):
         if name is not None and name not in columns:
-            raise ConfigError(f"{flag}: column '{name}' not in {source} (columns: {', '.join(columns)})")
+            raise ConfigError(f"{option}: column '{name}' not in {source} (columns: {', '.join(columns)})")
     feature = ds.features[column]
     if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-        raise ConfigError(f"--text-column: column '{column}' of {source} is not text ({feature})")
+        raise ConfigError(f"{flag}: column '{column}' of {source} is not text ({feature})")
     text = ds.with_format("arrow")[column].combine_chunks()
     empty = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text.fill_null(""))), 0)
     if pc.any(empty).as_py():

@@ -8,6 +8,7 @@
     hf:lm        hf_lm.py        a transformers causal LM, token-weighted loss
     hf:tag       hf_tag.py       a transformers token classifier on tagged words; entity P/R/F1
     hf:mlm       hf_mlm.py       a transformers masked LM on your text (domain adaptation); perplexity
+    hf:seq2seq   hf_seq2seq.py   a transformers encoder-decoder on source and target texts; exact match, BLEU
 
 A task implements base.Task (the written contract); settle.py decides which registry line a run uses,
 once, before anything is written. Adding a task is its module plus its line here.
@@ -20,6 +21,7 @@ from .base import BaseTask, Task, check_loss, evaluate, training_loss, user_loss
 from .classify import Classification
 from .hf_lm import HFCausalLM
 from .hf_mlm import MaskedLM
+from .hf_seq2seq import Seq2Seq
 from .hf_tag import TokenClassification
 from .hf_text import HFClassification
 from .lm import LanguageModel
@@ -35,6 +37,7 @@ REGISTRY: dict[str, type[BaseTask]] = {
     "hf:lm": HFCausalLM,
     "hf:tag": TokenClassification,
     "hf:mlm": MaskedLM,
+    "hf:seq2seq": Seq2Seq,
 }
 META_KEY = "task_module"  # the registry line of a run, saved with its weights
 

@@ -47,6 +47,7 @@ class Task(Protocol):
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module: ...  # the model saved weights load into
     def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor: ...  # the task's training loss (a scalar)
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]: ...  # with a "loss"
+    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict: ...  # per sample
     def metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]: ...  # with a "loss"
     def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor: ...  # to check a model and a loss
     def train_batches(self, batches: Iterable, loader, epoch: int, skipped: int) -> Iterable: ...  # + what a step adds
@@ -73,6 +74,10 @@ class BaseTask:
 
     def train_batches(self, batches: Iterable, loader, epoch: int, skipped: int) -> Iterable:
         return batches
+
+    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
+        """Per-sample statistics of one evaluation batch: of the forward pass (a generating task also generates)."""
+        return self.per_sample(forward(model, inputs, targets), targets)
 
     def rates(self, samples: int, tokens: int, seconds: float) -> dict:
         """samples/s; for text also tokens/s, as samples/s x the training samples' mean number of real tokens
@@ -111,7 +116,9 @@ class BaseTask:
         raise ConfigError(f"a {self.name} run has no predictions for rows")
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
-        raise ConfigError(f"run_dir: a {self.name} run has no text to sample; sampling needs a language-model run")
+        raise ConfigError(
+            f"run_dir: {folder} is a {self.name} run; sampling needs a language-model run (--task lm) or seq2seq"
+        )
 
     def export(self, model: nn.Module, run_dir: Path) -> None:
         """Nothing beyond model.safetensors."""
@@ -169,7 +176,7 @@ def evaluate(model: nn.Module, batches, task: Task, gather=None, forward: Callab
     sums, count = None, 0
     with torch.no_grad():
         for inputs, targets in batches:
-            stats = task.per_sample(forward(model, inputs, targets), targets)
+            stats = task.eval_batch(model, inputs, targets, forward)
             if gather is not None:
                 stats = gather(stats)
             batch = {k: v.double().sum(0) for k, v in stats.items()}  # summed on the device: no host sync per batch

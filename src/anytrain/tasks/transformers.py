@@ -41,8 +41,10 @@ class Transformers(BaseTask):
         """The model's transformers config for this task and data, checked before anything is written."""
         from .. import hf
 
-        data = self.data
-        labels = (data.class_names or [str(k) for k in range(data.num_classes)]) if self.head.labelled else None
+        labels = None
+        if self.head.labelled:  # the classes, from the data
+            data = self.data
+            labels = data.class_names or [str(k) for k in range(data.num_classes)]
         return hf.model_config(self.cfg, self.head, self.name, pad_id, labels)
 
     def build_model(self, given=None) -> nn.Module:
