@@ -174,3 +174,28 @@ def tiny_bart(folder: Path, corpus_texts: list[str], seed: int = 0) -> Path:
     BartForConditionalGeneration(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def tiny_vit(folder: Path, image_size: int = 16, seed: int = 0) -> Path:
+    """A ViT image classifier of about 30,000 parameters (10 labels: a head the fine-tuning replaces when the data
+    has another count), with its image processor (resize to image_size, normalise to [-1, 1]), as a hub checkpoint."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    config = ViTConfig(
+        image_size=image_size,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_labels=10,
+    )
+    torch.manual_seed(seed)
+    ViTForImageClassification(config).save_pretrained(folder)
+    size = {"height": image_size, "width": image_size}
+    ViTImageProcessor(size=size, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(folder)
+    return folder

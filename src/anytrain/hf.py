@@ -172,12 +172,21 @@ def model_from_config(head: Head, config_json: str):
     return with_loss_type(getattr(module, head.auto_class).from_config(config), head)
 
 
-def save_pretrained(model, tokenizer, run_dir: Path) -> Path:
-    """run_dir/hf: the model (safetensors) and its tokenizer, as transformers loads them."""
+def save_pretrained(model, preprocessor, run_dir: Path) -> Path:
+    """run_dir/hf: the model (safetensors) and its tokenizer or image processor, as transformers loads them."""
     folder = Path(run_dir) / FOLDER
     model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    preprocessor.save_pretrained(folder)
     return folder
+
+
+def num_channels(cfg: TrainConfig) -> int:
+    """The image channels a vision model's config says it takes (3 where it does not say)."""
+    try:
+        config = transformers().AutoConfig.from_pretrained(check_folder(cfg))
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"--model {cfg.model.name}: cannot read its config ({first_line(e)})") from None
+    return int(getattr(config, "num_channels", 3) or 3)
 
 
 def tokenizer_of_run(folder: Path):

@@ -9,6 +9,7 @@
     hf:tag       hf_tag.py       a transformers token classifier on tagged words; entity P/R/F1
     hf:mlm       hf_mlm.py       a transformers masked LM on your text (domain adaptation); perplexity
     hf:seq2seq   hf_seq2seq.py   a transformers encoder-decoder on source and target texts; exact match, BLEU
+    hf:classify-images  hf_image.py  a transformers vision model with its image processor (--task classify on images)
 
 A task implements base.Task (the written contract); settle.py decides which registry line a run uses,
 once, before anything is written. Adding a task is its module plus its line here.
@@ -19,6 +20,7 @@ from __future__ import annotations
 from ..config import TrainConfig
 from .base import BaseTask, Task, check_loss, evaluate, training_loss, user_loss_function
 from .classify import Classification
+from .hf_image import HFImageClassification
 from .hf_lm import HFCausalLM
 from .hf_mlm import MaskedLM
 from .hf_seq2seq import Seq2Seq
@@ -38,6 +40,7 @@ REGISTRY: dict[str, type[BaseTask]] = {
     "hf:tag": TokenClassification,
     "hf:mlm": MaskedLM,
     "hf:seq2seq": Seq2Seq,
+    "hf:classify-images": HFImageClassification,
 }
 META_KEY = "task_module"  # the registry line of a run, saved with its weights
 

@@ -32,6 +32,8 @@ def settle(cfg: TrainConfig, given=None) -> Settled:
     if task != cfg.data.task:
         cfg = cfg.replace(task=task)
     key = f"hf:{task}" if cfg.model.name.startswith("hf:") else task
+    if f"{key}-images" in REGISTRY and holds_images(cfg, given):  # a transformers vision model, for one
+        key = f"{key}-images"
     check_fits(cfg, key)
     return Settled(cfg, key, reason)
 
@@ -74,6 +76,16 @@ def task_from_options(cfg: TrainConfig) -> tuple[str, str] | None:
     return None
 
 
+def holds_images(cfg: TrainConfig, given=None) -> bool:
+    """An image folder, or a dataset whose training split has an Image column."""
+    from ..data.images import image_column
+    from ..data.sources import ImageFolder, opened
+
+    if given is None and ImageFolder.scan(cfg.data.dataset) is not None:
+        return True
+    return not cfg.data.text_column and image_column(opened(cfg, given)[0]["train"], cfg) is not None
+
+
 def training_labels(cfg: TrainConfig, given=None):
     """The training split's labels as data/targets.py reads them; None where classification is the only
     choice (streams, images, generated data) or the label column is missing (the loader names it)."""
@@ -96,11 +108,11 @@ def check_fits(cfg: TrainConfig, key: str) -> None:
     from ..models import FITS, LABELLED
 
     data, model, task = cfg.data, cfg.model, cfg.data.task
-    known = sorted({k.removeprefix("hf:") for k in REGISTRY})
+    known = sorted({cls.name for cls in REGISTRY.values()})
     if task not in known:
         raise ConfigError(f"--task: unknown task '{task}' (choose auto, {', '.join(known)})")
     if key not in REGISTRY:
-        hf_tasks = [k.removeprefix("hf:") for k in REGISTRY if k.startswith("hf:")]
+        hf_tasks = sorted({cls.name for key, cls in REGISTRY.items() if key.startswith("hf:")})
         if model.name.startswith("hf:"):
             raise ConfigError(f"--model {model.name}: transformers models train --task {', '.join(hf_tasks)} here")
         raise ConfigError(f"--task {task} trains a transformers model: --model hf:FOLDER_OR_ID")

@@ -1,0 +1,45 @@
+"""classify images with a transformers vision model (ViT, ConvNeXt, ...): AutoModelForImageClassification
+with num_labels, id2label and label2id from the data (a checkpoint's head for another label count is
+replaced), the images prepared by the model's own AutoImageProcessor (data/hfimages.py), trained on the
+model's own loss (cross-entropy per image). Metrics and predictions are classify's; the run ends with
+the model and its image processor saved in run_dir/hf, which transformers' pipelines load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from ..data.splits import Splits
+from ..hf import Head
+from .classify import Classification
+from .transformers import Transformers
+
+
+class HFImageClassification(Transformers, Classification):
+    head = Head("AutoModelForImageClassification", "image-classification", labelled=True, positions=False)
+
+    def load_data(self, given=None) -> Splits:
+        from .. import hf
+        from ..data.hfimages import image_splits, load_processor
+
+        self.processor = load_processor(hf.check_folder(self.cfg))
+        channels = hf.num_channels(self.cfg)
+        self.data = image_splits(self.cfg, self.processor, channels, given)
+        self.model_config = self.checked_config(None)
+        return self.data
+
+    def export(self, model: nn.Module, run_dir: Path) -> None:
+        from .. import hf
+
+        hf.save_pretrained(model, self.processor, run_dir)
+
+    def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
+        from ..data.hfimages import load_processor, predict_images
+        from ..hf import FOLDER
+        from ..shape import DataShape
+
+        processor = load_processor(str(folder / FOLDER))
+        channels = DataShape.from_json(meta["data_shape"]).channels
+        return predict_images(dataset, json.loads(meta["input_columns"])[0], processor, channels)
