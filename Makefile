@@ -21,10 +21,12 @@ install: $(VENV)/.installed
 train: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/accelerate launch --config_file accelerate_configs/cpu.yaml src/train.py $(ARGS)
 
-# Style first (CI runs this target): ruff, pinned in the test extra, with pyproject.toml's rules.
+# Style first (CI runs this target): ruff, pinned in the test extra, with pyproject.toml's rules; then mypy
+# on the tasks package: every registered task fills in the written Task protocol (src/anytrain/tasks/base.py).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy src/anytrain/tasks
 
 test: lint
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -66,11 +66,34 @@ class BaseTask:
     tokens), the data's facts and the parameter count, the data's metadata, no sampling, no export."""
 
     name = ""
+    key = ""  # its registry line, set by tasks.make_task
     data: Splits
     targets_to_model = True
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+
+    # what every task must say for itself (the contract's other half has defaults below)
+    def load_data(self, given=None) -> Splits:
+        raise NotImplementedError
+
+    def build_model(self, given=None) -> nn.Module:
+        raise NotImplementedError
+
+    def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
+        raise NotImplementedError
+
+    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
+        raise NotImplementedError
 
     def train_batches(self, batches: Iterable, loader, epoch: int, skipped: int) -> Iterable:
         return batches
@@ -182,6 +205,8 @@ def evaluate(model: nn.Module, batches, task: Task, gather=None, forward: Callab
             batch = {k: v.double().sum(0) for k, v in stats.items()}  # summed on the device: no host sync per batch
             sums = batch if sums is None else {k: sums[k] + batch[k] for k in sums}
             count += len(stats["loss"])
+    if sums is None:
+        raise ConfigError("evaluation: a split has no batches")
     return {**task.metrics({k: v.cpu() for k, v in sums.items()}, count), "samples": count}
 
 

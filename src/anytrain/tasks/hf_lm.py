@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from ..hf import Head
 from ..shape import DataShape
 from ..usermodel import logits_of
 from .lm import LanguageModel
-from .transformers import Transformers, token_weighted
+from .transformers import TargetRows, Transformers, token_weighted
 
 
 class HFCausalLM(Transformers, LanguageModel):
@@ -40,7 +41,7 @@ class HFCausalLM(Transformers, LanguageModel):
         return shape.example_inputs(batch)
 
     def train_batches(self, batches, loader, epoch: int, skipped: int):
-        per_row = self.data.train.targets_per_row  # every token of a text but its first is a target
+        per_row = cast(TargetRows, self.data.train).targets_per_row  # every token of a text but its first
         return token_weighted(batches, loader, epoch, skipped, per_row, self.cfg.optim.grad_accum_steps)
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:

@@ -7,9 +7,11 @@ accuracy of the masked tokens. The adapted model is saved with save_pretrained i
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
+from ..data.hfmasked import MaskedRows, masked_splits
 from ..data.splits import Splits
 from ..hf import Head
 from ..shape import DataShape
@@ -22,7 +24,6 @@ class MaskedLM(TokenWeighted):
 
     def load_data(self, given=None) -> Splits:
         from .. import hf
-        from ..data.hfmasked import masked_splits
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
         self.data = masked_splits(self.cfg, self.tokenizer, given)
@@ -30,7 +31,7 @@ class MaskedLM(TokenWeighted):
         return self.data
 
     def targets_per_row(self, epoch: int):
-        return self.data.train.masked_per_row(epoch)  # a new draw each epoch
+        return cast(MaskedRows, self.data.train).masked_per_row(epoch)  # a new draw each epoch
 
     def metrics(self, sums: dict, count: int) -> dict:
         values = super().metrics(sums, count)

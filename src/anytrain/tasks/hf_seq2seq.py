@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -67,7 +68,7 @@ class Seq2Seq(TokenWeighted):
         return self.data
 
     def generate(self, model: nn.Module, inputs: dict, **sampling) -> list[str]:
-        ids = unwrapped(model).generate(
+        ids = cast(Any, unwrapped(model)).generate(
             input_ids=inputs["input_ids"],
             attention_mask=inputs["attention_mask"],
             max_new_tokens=sampling.pop("max_new_tokens", self.cfg.data.max_length),

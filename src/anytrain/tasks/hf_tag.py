@@ -37,7 +37,7 @@ class TokenClassification(TokenWeighted):
         from ..data.tagging import entity_counts
 
         stats = super().per_sample(outputs, targets)
-        names = self.data.class_names
+        names = self.data.class_names or []
         predicted, real = logits_of(outputs).argmax(-1).tolist(), (targets != -100).tolist()
         counts = []
         for guess, truth, keep in zip(predicted, targets.tolist(), real):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -13,6 +14,7 @@ from torch.nn import functional as F
 
 from ..config import ConfigError
 from ..data.splits import Splits
+from ..gpt import GPT
 from ..shape import DataShape
 from ..usermodel import make_model
 from .base import BaseTask, means, per_position
@@ -61,7 +63,7 @@ class LanguageModel(BaseTask):
 
     def describe_data(self, model: nn.Module) -> dict:
         described = super().describe_data(model)
-        if hasattr(model, "flops_per_token"):  # the registry's GPT (MFU in benchmarks/lm_gpu.py)
+        if isinstance(model, GPT):  # the registry's GPT (MFU in benchmarks/lm_gpu.py)
             described.update(parameters=model.num_parameters(), flops_per_token=model.flops_per_token())
         return described
 
@@ -73,6 +75,9 @@ class LanguageModel(BaseTask):
         from ..data.tokenizer import read_tokenizer
         from ..gpt import generate
 
+        block = getattr(model, "block_size", None)
+        if not isinstance(block, int):
+            raise ConfigError(f"run_dir: {folder}: sampling needs a model with a block_size (the registry's gpt)")
         vocab = read_tokenizer(meta["vocab"], folder)
         try:
             ids = vocab.encode(prompt)
@@ -80,10 +85,10 @@ class LanguageModel(BaseTask):
             raise ConfigError(f"--prompt: characters not in the run's vocabulary: {unknown.args[0]!r}") from None
         device = settings["device"]
         model = model.to(device)
-        context = torch.tensor(ids[-model.block_size :], dtype=torch.long, device=device)[None]
+        context = torch.tensor(ids[-block:], dtype=torch.long, device=device)[None]
         generator = torch.Generator(device=device).manual_seed(settings["seed"])
         out = generate(
-            model,
+            cast(GPT, model),
             context,
             settings["tokens"],
             temperature=settings["temperature"],

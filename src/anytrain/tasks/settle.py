@@ -132,12 +132,12 @@ def check_fits(cfg: TrainConfig, key: str) -> None:
     learns = "classify text" if task == "classify" and data.text_column else task
     if ":" in model.name or model.name in (*FITS.get(learns, ()), "auto"):
         return
-    known = (*LABELLED, "encoder", "bag", "gpt")
-    if model.name in known:
+    registry_models = (*LABELLED, "encoder", "bag", "gpt")
+    if model.name in registry_models:
         fits = {"classify text": "--task classify with --text-column"}.get(learns, f"--task {learns}")
         raise ConfigError(f"--model {model.name} does not fit {fits} (choose {' or '.join(FITS[learns])})")
     raise ConfigError(
-        f"--model: unknown model '{model.name}' (choose {', '.join(known)}, or give your own as "
+        f"--model: unknown model '{model.name}' (choose {', '.join(registry_models)}, or give your own as "
         "module:factory or file.py:factory)"
     )
 

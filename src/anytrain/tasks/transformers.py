@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Protocol, cast
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -113,6 +115,12 @@ def token_weighted(batches, loader, epoch: int, skipped: int, per_row, accum: in
         yield {**inputs, "num_items_in_batch": shares[k]}, targets
 
 
+class TargetRows(Protocol):
+    """The training rows of a token-weighted task: how many target tokens each row holds."""
+
+    targets_per_row: np.ndarray
+
+
 class TokenWeighted(Transformers):
     """A transformers task whose loss it computes itself from the model's logits (the model is not given the
     labels: BERT's and T5's own losses are plain per-batch means): the sum of the cross-entropy over the
@@ -125,7 +133,7 @@ class TokenWeighted(Transformers):
 
     def targets_per_row(self, epoch: int):
         """Target tokens of each training row in this epoch (numpy)."""
-        return self.data.train.targets_per_row
+        return cast(TargetRows, self.data.train).targets_per_row
 
     def train_batches(self, batches, loader, epoch: int, skipped: int):
         shares = step_shares(loader, epoch, self.targets_per_row(epoch), self.cfg.optim.grad_accum_steps)
