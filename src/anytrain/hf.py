@@ -115,8 +115,8 @@ def model_config(cfg: TrainConfig, head: Head, task: str, pad_id: int | None, la
         extra = dict(
             num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={n: k for k, n in enumerate(labels)}
         )
+    config = read_config(source, extra)
     try:
-        config = module.AutoConfig.from_pretrained(source, **extra)
         getattr(module, head.auto_class)._model_mapping[type(config)]  # noqa: B018 - raises: no head for the task
     except (KeyError, ValueError) as e:
         kind = getattr(locals().get("config"), "model_type", "this")
@@ -137,15 +137,59 @@ def model_config(cfg: TrainConfig, head: Head, task: str, pad_id: int | None, la
     return config
 
 
+def read_config(source: str, extra: dict | None = None):
+    """The model's transformers config; one line for a folder transformers cannot read or whose model_type it
+    does not know."""
+    module = transformers()
+    try:
+        return module.AutoConfig.from_pretrained(source, **(extra or {}))
+    except (KeyError, ValueError) as e:
+        kind = model_type_of(source)
+        if kind is not None:
+            raise ConfigError(
+                f"--model hf:{source}: its config.json names model_type '{kind}', which transformers "
+                f"{module.__version__} does not know (a newer transformers, or the model's own code)"
+            ) from None
+        raise ConfigError(f"--model hf:{source}: cannot read its config ({first_line(e)})") from None
+    except OSError as e:
+        raise ConfigError(f"--model hf:{source}: cannot read its config ({first_line(e)})") from None
+
+
+def model_type_of(source: str) -> str | None:
+    try:
+        return json.loads((Path(source) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_vocabulary(cfg: TrainConfig, tokenizer, config) -> None:
+    """Every id the tokenizer makes must index the model's embeddings: else a step fails mid-run."""
+    rows = getattr(config, "vocab_size", None)
+    if isinstance(rows, int) and len(tokenizer) > rows:
+        raise ConfigError(
+            f"--model {cfg.model.name}: its tokenizer has {len(tokenizer)} tokens, more than the {rows} rows of the "
+            "model's embeddings (vocab_size): the tokenizer is not this model's"
+        )
+
+
 def load_model(cfg: TrainConfig, head: Head, config):
     """The pretrained weights under the checked config. A head with labels from the data is new where the
     checkpoint's is for another label count (transformers initialises it from the seeded RNG), as run_glue does."""
     source = source_of(cfg)
     mismatched = dict(ignore_mismatched_sizes=True) if head.labelled else {}
     try:
-        model = getattr(transformers(), head.auto_class).from_pretrained(source, config=config, **mismatched)
+        model, info = getattr(transformers(), head.auto_class).from_pretrained(
+            source, config=config, output_loading_info=True, **mismatched
+        )
     except (OSError, ValueError, RuntimeError) as e:
         raise ConfigError(f"--model hf:{source}: cannot load its weights ({first_line(e)})") from None
+    body = f"{model.base_model_prefix}."
+    for name, saved, wanted in info.get("mismatched_keys") or []:
+        if name.startswith(body):  # only the task's head (outside the base model) may be new
+            raise ConfigError(
+                f"--model hf:{source}: its weights do not fit its config ({name}: {tuple(saved)} in the checkpoint, "
+                f"{tuple(wanted)} in the model); only the task's head may be replaced"
+            )
     return with_loss_type(model, head)
 
 
@@ -190,8 +234,16 @@ def num_channels(cfg: TrainConfig) -> int:
 
 
 def tokenizer_of_run(folder: Path):
-    """The tokenizer a finished run saved in run_dir/hf."""
-    return transformers().AutoTokenizer.from_pretrained(str(Path(folder) / FOLDER))
+    """The tokenizer a finished run saved in run_dir/hf; one line when that folder is missing or damaged."""
+    saved = Path(folder) / FOLDER
+    if not any((saved / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"run_dir: {saved} holds no tokenizer: the run's save_pretrained folder is missing or damaged"
+        )
+    try:
+        return transformers().AutoTokenizer.from_pretrained(str(saved))
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
+        raise ConfigError(f"run_dir: the tokenizer in {saved} does not load ({first_line(e)})") from None
 
 
 def generate(model, folder: Path, prompt: str, tokens: int, temperature: float, top_k: int, seed: int, device: str):

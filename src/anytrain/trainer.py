@@ -27,7 +27,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import IMPORTED_AT
-from .checkpoint import Progress, find_resume_checkpoint, load_checkpoint, resolve_auto_resume, save_checkpoint
+from .checkpoint import (
+    Progress,
+    find_resume_checkpoint,
+    load_checkpoint,
+    read_pointer,
+    resolve_auto_resume,
+    save_checkpoint,
+)
 from .config import ConfigError, TrainConfig
 from .data.splits import Splits, loader_workers, make_loader
 from .files import write_atomically
@@ -38,7 +45,7 @@ from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator
 from .tasks import META_KEY, Task, check_loss, evaluate, training_loss, user_loss_function
 from .tasks.settle import Settled, load
-from .usermodel import forward_for, model_name, targets_keyword
+from .usermodel import forward_for, model_name
 
 
 def load_data(accelerator, cfg: TrainConfig, given=None) -> tuple[Settled, Task, Splits]:
@@ -259,7 +266,7 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     settled, task, data = load_data(accelerator, cfg, given.dataset)
     cfg = settled.cfg  # a new config: the task settled, as config.yaml and the checkpoints hold it
     accelerator.print(f"anytrain: task {task.name} ({settled.reason})")
-    for note in data.notes:  # skipped files, a label that looks like a quantity
+    for note in (*settled.notes, *data.notes):  # defaults fitted to the model, skipped files, a quantity-like label
         accelerator.print(f"anytrain: {note}")
     check_run_folder(cfg)
     check_writable(run_dir)
@@ -268,8 +275,8 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     model = task.build_model(given.model)
     forward = forward_for(model, task.targets_to_model)  # model(inputs), + the targets if it computes its own loss
     criterion = training_loss(task, user_loss)
-    if user_loss is not None or (task.targets_to_model and targets_keyword(model)):  # else: checked logits
-        check_loss(criterion, model, task, data.shape, forward)
+    who = "--loss" if user_loss is not None else f"--model {cfg.model.name}"
+    check_loss(criterion, model, task, data.shape, forward, who)  # scalar, finite, requires grad: before step 1
     optimizer = build_optimizer(cfg.optim, model, accelerator.device.type)
     splits = [split for split in (data.train, data.validation, data.test) if split is not None]
     loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in splits]
@@ -463,9 +470,15 @@ class Loop:
             raise NonFiniteLoss(
                 f"the training loss became non-finite ({mean_loss}) at optimizer step "
                 f"{self.window.first_non_finite_step()} "
-                f"(epoch {self.parts.progress.epoch}); stopped without saving. The last good checkpoint is in "
-                f"{Path(self.cfg.run.output_dir) / 'checkpoints'} (try a lower --lr, then --resume)"
+                f"(epoch {self.parts.progress.epoch}); stopped without saving. {self.last_good()}"
             )
+
+    def last_good(self) -> str:
+        """Where to go on from after a non-finite loss: the last checkpoint, or a fresh start when there is none."""
+        latest = read_pointer(Path(self.cfg.run.output_dir), "latest")
+        if latest is None:
+            return "No checkpoint was saved before it: start again with a lower --lr (and --overwrite)"
+        return f"The last good checkpoint is {latest} (try a lower --lr, then --resume)"
 
     def validate(self) -> bool:
         """Evaluate the validation split, log it, count patience; True when early stopping says stop,

@@ -149,6 +149,8 @@ def open_dataset(name: str, streaming: bool = False, folder=None):
                 )
             if path.stat().st_size == 0:
                 raise ConfigError(f"--dataset: {name} is empty")
+            if builder in ("csv", "json"):
+                check_utf8(path, name)
             return datasets.load_dataset(builder, data_files=str(path), streaming=streaming), str(path)
     except ConfigError:
         raise
@@ -164,6 +166,32 @@ def open_dataset(name: str, streaming: bool = False, folder=None):
         raise ConfigError(
             f"--dataset: '{name}' is not a local file or folder, and loading it from the hub failed: {first_line(e)}"
         ) from None
+
+
+def check_utf8(path: Path, name: str, chunk: int = 2**20) -> None:
+    """A text file (csv, json, txt) must be UTF-8: else one line naming the file, the line and the byte
+    (datasets would fail later, or not at all, with a traceback)."""
+    import codecs
+
+    decoder, line, done = codecs.getincrementaldecoder("utf-8")(), 1, 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as e:
+                where = block[: e.start]
+                at_line, column = line + where.count(b"\n"), e.start - where.rfind(b"\n")
+                raise ConfigError(
+                    f"--dataset: {name} is not UTF-8 text: byte 0x{block[e.start]:02x} at line {at_line}, column "
+                    f"{column} (save it as UTF-8)"
+                ) from None
+            line, done = line + block.count(b"\n"), done + len(block)
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"--dataset: {name} is not UTF-8 text: it ends inside a character (save it as UTF-8)"
+            ) from None
 
 
 def opened(cfg: TrainConfig, given=None) -> tuple[dict, str]:

@@ -55,7 +55,37 @@ def task_from_labels(labels, label_column: str) -> tuple[str, str]:
         finite = labels[np.isfinite(labels)]
         if not np.all(finite == np.round(finite)):
             return "regress", f"auto: the label '{label_column}' holds numbers that are not all integers"
+        if len(finite) and np.abs(finite).max() > MAX_CLASS_ID:
+            return "regress", f"auto: the label '{label_column}' holds whole numbers too large to be class ids"
+    if labels.dtype.kind in "USO":
+        check_numbers_as_text(labels, label_column)
     return "classify", "auto"
+
+
+MAX_CLASS_ID = 2**20  # a class id beyond this (a million classes) is a quantity, not a class
+
+
+def check_numbers_as_text(labels: np.ndarray, label_column: str) -> None:
+    """A column of numbers that reads as text because a few cells are empty or not numbers (a CSV with one
+    blank cell): one line naming the first such row, not a classifier whose classes are the numbers' spellings."""
+    text = [("" if v is None else str(v)).strip() for v in labels]
+    numeric = np.array([_is_number(v) for v in text])
+    if numeric.all() or numeric.mean() < 0.9:
+        return
+    row = int(np.flatnonzero(~numeric)[0])
+    raise ConfigError(
+        f"--label-column: '{label_column}' holds numbers and {int((~numeric).sum())} value(s) that are not (row {row} "
+        f"of the training split: {text[row]!r}); fill or drop them, or give --task classify to treat every value "
+        "as a class name"
+    )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def regression_values(labels, cfg: TrainConfig, source: str, split: str) -> torch.Tensor:
@@ -67,8 +97,10 @@ def regression_values(labels, cfg: TrainConfig, source: str, split: str) -> torc
         )
     values = labels.astype(np.float64).reshape(len(labels), -1)
     if not np.isfinite(values).all():
+        row = int(np.flatnonzero(~np.isfinite(values).all(1))[0])
         raise ConfigError(
-            f"--label-column: '{cfg.data.label_column}' of {source} ({split} split) has NaN or infinite targets"
+            f"--label-column: '{cfg.data.label_column}' of {source} ({split} split) has NaN or infinite targets "
+            f"(first at row {row}: {values[row].tolist()})"
         )
     return torch.from_numpy(values.astype(np.float32))
 
@@ -77,6 +109,12 @@ def standardised(parts: dict) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Targets standardised with the training split's statistics: (parts, mean, std); a constant target keeps std 1."""
     train = parts["train"][1]
     mean, std = train.mean(0), train.std(0) if len(train) > 1 else torch.ones(train.shape[1])
+    if len(train) > 1 and (std == 0).any():
+        column = int(torch.nonzero(std == 0)[0])
+        raise ConfigError(
+            f"--label-column: target {column} is {mean[column].item():g} in every training row: a constant has "
+            "nothing to regress (its R² is undefined)"
+        )
     std = torch.where(std > 0, std, torch.ones_like(std))
     return {name: (x, (y - mean) / std) for name, (x, y) in parts.items()}, mean, std
 
@@ -90,7 +128,19 @@ def multi_hot(labels: dict, cfg: TrainConfig, source: str) -> tuple[dict, list[s
                 f"--label-column: '{cfg.data.label_column}' of {source} ({split} split) does not hold lists"
             )
     train = [v for row in labels["train"] for v in (row or [])]
-    if train and isinstance(train[0], str):
+    if not train:
+        raise ConfigError(
+            f"--label-column: every list in '{cfg.data.label_column}' of {source}'s training split is empty: there "
+            "are no labels to learn"
+        )
+    kinds = {type(v) for rows in labels.values() for row in rows for v in (row or [])}
+    if str in kinds and len(kinds) > 1:
+        row = next(i for i, r in enumerate(labels["train"]) if any(not isinstance(v, str) for v in r or []))
+        raise ConfigError(
+            f"--label-column: '{cfg.data.label_column}' of {source} mixes class names and numbers (row {row} of the "
+            "training split has a number among names): give all labels as names or all as ids"
+        )
+    if isinstance(train[0], str):
         names = sorted(set(map(str, train)))
         ids, count = {name: i for i, name in enumerate(names)}, len(names)
     else:
@@ -133,6 +183,11 @@ def class_ids(tensors: dict, cfg: TrainConfig, source: str) -> tuple[int, dict |
         )
     low = min(int(y.min()) for y in labels)
     high = max(int(y.max()) for y in labels)
+    if high > MAX_CLASS_ID:
+        raise ConfigError(
+            f"--label-column: '{cfg.data.label_column}' of {source} holds values up to {high}: not class ids (for "
+            "regression use --task regress)"
+        )
     num_classes = cfg.data.num_classes or (len(names) if names else high + 1)
     if low < 0 or high >= num_classes:
         raise ConfigError(

@@ -27,7 +27,7 @@ from ..config import ConfigError, TrainConfig, first_line
 from ..files import atomic_path
 from ..shape import DataShape
 from .bundled import SHAKESPEARE_PATH
-from .sources import named_splits, open_dataset
+from .sources import check_utf8, named_splits, open_dataset
 from .splits import Splits
 from .tokenizer import Vocab, bpe_for_run
 
@@ -143,9 +143,12 @@ def _load_text_datasets(cfg: TrainConfig) -> tuple[dict, str]:
         if path.is_file() and path.suffix.lower() == ".txt":
             if path.stat().st_size == 0:
                 raise ConfigError(f"--dataset: {name} is empty")
+            check_utf8(path, name)
             return named_splits(datasets.load_dataset("text", data_files=str(path), sample_by="document")), str(path)
         if path.is_dir() and not (path / "dataset_dict.json").exists() and not (path / "state.json").exists():
             files = sorted(str(p) for p in path.rglob("*.txt") if p.is_file())
+            for file in files:
+                check_utf8(Path(file), file)
             if files:  # a folder of .txt files: one document each, in name order
                 return named_splits(
                     datasets.load_dataset("text", data_files={"train": files}, sample_by="document")

@@ -170,21 +170,26 @@ def user_loss_function(spec: str) -> Callable:
     return fn
 
 
-def check_loss(loss: Callable, model: nn.Module, task: Task, shape: DataShape, forward: Callable) -> None:
-    """One forward pass and one loss on a batch of 2 (eval mode, no gradients): the loss must be a float scalar."""
+def check_loss(loss: Callable, model: nn.Module, task: Task, shape: DataShape, forward: Callable, who: str) -> None:
+    """One forward pass and one loss on a batch of 2, whatever the model returns or its forward takes (eval
+    mode: no dropout, so no random numbers drawn): the loss must be a finite float scalar that requires grad.
+    `who` names the option to blame: --loss, or --model for a model's own loss."""
     inputs, targets = shape.example_inputs(2), task.example_targets(shape, 2)
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            value = loss(forward(model, inputs, targets), targets)
+        value = loss(forward(model, inputs, targets), targets)
     except Exception as e:  # noqa: BLE001 - the user's loss (or model): one line, not its traceback
-        raise ConfigError(f"--loss: computing the loss on a batch of 2 failed: {first_line(e)}") from None
+        raise ConfigError(f"{who}: computing the loss on a batch of 2 failed: {first_line(e)}") from None
     finally:
         model.train(was_training)
     if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.dtype.is_floating_point:
         got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        raise ConfigError(f"--loss: the loss must be a scalar float tensor; got {got}")
+        raise ConfigError(f"{who}: the loss must be a scalar float tensor; got {got}")
+    if not torch.isfinite(value.detach()):
+        raise ConfigError(f"{who}: the loss on a batch of 2 is {value.item()} before any training")
+    if not value.requires_grad:
+        raise ConfigError(f"{who}: the loss does not require grad: it is not computed from the model's weights")
 
 
 # --------------------------------------------------------------------------- evaluation

@@ -19,6 +19,7 @@ class Settled:
     cfg: TrainConfig  # the config with the task settled
     key: str  # its registry line (tasks/__init__.py)
     reason: str  # why this task
+    notes: tuple[str, ...] = ()  # defaults fitted to the model, said at start
 
 
 def settle(cfg: TrainConfig, given=None) -> Settled:
@@ -34,8 +35,25 @@ def settle(cfg: TrainConfig, given=None) -> Settled:
     key = f"hf:{task}" if cfg.model.name.startswith("hf:") else task
     if f"{key}-images" in REGISTRY and holds_images(cfg, given):  # a transformers vision model, for one
         key = f"{key}-images"
-    check_fits(cfg, key)
-    return Settled(cfg, key, reason)
+    cfg, notes = fitted_defaults(cfg, key)
+    check_fits(cfg, key, reason)
+    return Settled(cfg, key, reason, notes)
+
+
+def fitted_defaults(cfg: TrainConfig, key: str) -> tuple[TrainConfig, tuple[str, ...]]:
+    """Options the user left at their defaults, fitted to the model: a transformers model's --max-length to
+    its positions (a model with 128 positions trains on 128 tokens rather than being refused)."""
+    if not key.startswith("hf:") or "max_length" in cfg.given or key.endswith("-images"):
+        return cfg, ()
+    from .. import hf
+
+    positions = hf.max_positions(hf.read_config(hf.check_folder(cfg)))
+    if positions is None or positions >= cfg.data.max_length:
+        return cfg, ()
+    note = (
+        f"--max-length {positions}: the positions of {cfg.model.name} (the default {cfg.data.max_length} exceeds them)"
+    )
+    return cfg.replace(max_length=positions), (note,)
 
 
 def bundled_columns(cfg: TrainConfig) -> TrainConfig:
@@ -102,7 +120,7 @@ def training_labels(cfg: TrainConfig, given=None):
     return read_labels(train.with_format("arrow"), cfg)
 
 
-def check_fits(cfg: TrainConfig, key: str) -> None:
+def check_fits(cfg: TrainConfig, key: str, reason: str = "") -> None:
     """What the settled task rules out: a model that does not fit it, a loss for another task, text for
     regress or multilabel, a stream of anything but classification data."""
     from ..models import FITS, LABELLED
@@ -119,6 +137,11 @@ def check_fits(cfg: TrainConfig, key: str) -> None:
     if cfg.optim.loss in ("mse", "huber") and task != "regress":
         said = f"--task {task} has its own (--loss auto)" if "task" in cfg.given else f"this data is a {task} task"
         raise ConfigError(f"--loss {cfg.optim.loss} is a regression loss; {said}")
+    if task == "multilabel" and data.text_column and reason.startswith("auto"):
+        raise ConfigError(
+            f"--label-column: '{data.label_column}' holds lists (several labels a row); text (--text-column) is "
+            "classified one label a text here: give one label per row, or use a table of numbers for multi-label"
+        )
     if task in ("regress", "multilabel") and data.text_column:
         raise ConfigError(
             f"--task {task} learns from tables of numbers; text (--text-column) is classified (--task classify) "

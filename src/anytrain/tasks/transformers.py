@@ -47,7 +47,10 @@ class Transformers(BaseTask):
         if self.head.labelled:  # the classes, from the data
             data = self.data
             labels = data.class_names or [str(k) for k in range(data.num_classes)]
-        return hf.model_config(self.cfg, self.head, self.name, pad_id, labels)
+        config = hf.model_config(self.cfg, self.head, self.name, pad_id, labels)
+        if getattr(self, "tokenizer", None) is not None:
+            hf.check_vocabulary(self.cfg, self.tokenizer, config)
+        return config
 
     def build_model(self, given=None) -> nn.Module:
         from .. import hf
