@@ -40,32 +40,42 @@ def error(capsys, tmp_path, *argv: str) -> str:
 def test_targets_that_defeat_the_automatic_choice(tmp_path, capsys):
     fractions = np.linspace(0.5, 30.5, 60)
     fractions[17] = np.nan  # one missing value among fractional numbers: regression, and the NaN is named
-    err = error(capsys, tmp_path, "--dataset", table(tmp_path, "nan.parquet", fractions))
+    err = error(capsys, tmp_path, "--dataset", table(tmp_path, "nan.parquet", fractions), "--label-column", "y")
     assert "'y'" in err and "NaN or infinite targets (first at row 17" in err, err
     huge = np.arange(60, dtype=np.float64) * 1e18  # whole numbers, far beyond any class count
-    summary = anytrain.train(dataset=table(tmp_path, "huge.parquet", huge), epochs=1, output_dir=str(tmp_path / "r1"))
+    huge_table = table(tmp_path, "huge.parquet", huge)
+    summary = anytrain.train(
+        dataset=huge_table, label_column="y", epochs=1, progress=False, output_dir=str(tmp_path / "r1")
+    )
     assert summary["task"] == "regress" and "too large to be class ids" in summary["task_reason"]
-    err = error(capsys, tmp_path, "--dataset", table(tmp_path, "huge.parquet", huge), "--task", "classify")
+    err = error(capsys, tmp_path, "--dataset", huge_table, "--label-column", "y", "--task", "classify")
     assert "holds values up to 59000000000000000000: not class ids (for regression use --task regress)" in err
     cells = [str(v) for v in np.linspace(1, 60, 60)]
-    cells[33] = "n/a"  # one text cell makes the whole CSV column text
+    cells[33] = "unknown"  # one text cell makes the whole CSV column text
     csv = tmp_path / "cells.csv"
     csv.write_text("a,y\n" + "".join(f"{i},{v}\n" for i, v in enumerate(cells)))
-    err = error(capsys, tmp_path, "--dataset", str(csv))
-    assert "'y' holds numbers and 1 value(s) that are not (row 33 of the training split: 'n/a')" in err, err
+    err = error(capsys, tmp_path, "--dataset", str(csv), "--label-column", "y")
+    assert "'y' holds numbers and 1 value(s) that are not (row 33 of the training split: 'unknown')" in err, err
+    cells[33] = ""  # an empty cell: pandas reads it as missing, in a column of whole numbers (class ids)
+    csv.write_text("a,y\n" + "".join(f"{i},{v}\n" for i, v in enumerate(cells)))
+    err = error(capsys, tmp_path, "--dataset", str(csv), "--label-column", "y")
+    assert "has 1 missing value(s) (NaN, first at row 33): fill or drop them" in err, err
 
 
 def test_degenerate_targets_are_refused_instead_of_scoring_nonsense(tmp_path, capsys):
-    err = error(capsys, tmp_path, "--dataset", table(tmp_path, "const.parquet", [2.5] * 60), "--task", "regress")
+    const = table(tmp_path, "const.parquet", [2.5] * 60)
+    err = error(capsys, tmp_path, "--dataset", const, "--label-column", "y", "--task", "regress")
     assert "is 2.5 in every training row: a constant has nothing to regress" in err
     path = tmp_path / "empty.json"
     path.write_text("".join(json.dumps({"a": i, "y": []}) + "\n" for i in range(40)))
-    assert "every list in 'y'" in error(capsys, tmp_path, "--dataset", str(path), "--task", "multilabel")
+    assert "every list in 'y'" in error(
+        capsys, tmp_path, "--dataset", str(path), "--label-column", "y", "--task", "multilabel"
+    )
     path = tmp_path / "mixed.json"
     rows = [{"a": i, "y": ["red", "blue"][: 1 + i % 2]} for i in range(40)]
     rows[5]["y"] = ["red", 3]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    err = error(capsys, tmp_path, "--dataset", str(path), "--task", "multilabel")
+    err = error(capsys, tmp_path, "--dataset", str(path), "--label-column", "y", "--task", "multilabel")
     assert "mixes class names and numbers" in err or "changed from" in err or "cannot read" in err, err
 
 
@@ -174,7 +184,7 @@ def test_transformers_folders_that_do_not_fit_are_one_line(hf_folders, tmp_path,
     config = json.loads((odd / "config.json").read_text())
     (odd / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))  # the weights say 128
     err = error(capsys, tmp_path, "--model", f"hf:{odd}", *labelled)
-    assert "its weights do not fit its config (bert.encoder.layer.0.intermediate.dense" in err, err
+    assert "its weights do not fit its config (bert.encoder.layer." in err, err
     assert "only the task's head may be replaced" in err
     small = shutil.copytree(hf_folders["bert"], tmp_path / "small")
     (small / "config.json").write_text(json.dumps({**config, "vocab_size": 100}))
@@ -190,6 +200,7 @@ def test_transformers_folders_that_do_not_fit_are_one_line(hf_folders, tmp_path,
         model=f"hf:{hf_folders['bert']}",
         **dict(zip(["dataset", "text_column", "label_column"], labelled[1::2])),
         epochs=1,
+        progress=False,
         output_dir=str(run),
     )
     shutil.rmtree(run / "hf")
@@ -200,6 +211,7 @@ def test_transformers_folders_that_do_not_fit_are_one_line(hf_folders, tmp_path,
 def test_max_length_left_at_its_default_fits_the_models_positions(hf_folders, tmp_path, capsys):
     run = tmp_path / "run"
     summary = anytrain.train(
+        progress=False,
         model=f"hf:{hf_folders['gpt2']}",
         dataset=str(hf_folders["data"]),
         text_column="text",

@@ -269,14 +269,14 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     for note in (*settled.notes, *data.notes):  # defaults fitted to the model, skipped files, a quantity-like label
         accelerator.print(f"anytrain: {note}")
     check_run_folder(cfg)
-    check_writable(run_dir)
-    take_lock(accelerator, lock)
-
     model = task.build_model(given.model)
     forward = forward_for(model, task.targets_to_model)  # model(inputs), + the targets if it computes its own loss
     criterion = training_loss(task, user_loss)
     who = "--loss" if user_loss is not None else f"--model {cfg.model.name}"
     check_loss(criterion, model, task, data.shape, forward, who)  # scalar, finite, requires grad: before step 1
+    check_writable(run_dir)  # the first write: nothing above may leave anything behind
+    take_lock(accelerator, lock)
+
     optimizer = build_optimizer(cfg.optim, model, accelerator.device.type)
     splits = [split for split in (data.train, data.validation, data.test) if split is not None]
     loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in splits]

@@ -19,7 +19,7 @@ from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
 from .sources import ImageFolder, as_stream, carve, named_splits, numeric_rows, open_dataset
 from .splits import Splits, TensorPairs
-from .targets import class_ids, label_columns, label_ids, multi_hot, read_labels, regression_values, standardised
+from .targets import class_ids, label_columns, label_ids, labels_of, multi_hot, regression_values, standardised
 
 
 def load_labelled(cfg: TrainConfig, given=None) -> Splits:
@@ -200,7 +200,7 @@ def _to_tensors(ds, cfg: TrainConfig, source: str, split: str):
             raise ConfigError(f"--dataset: column '{c}' of {source} ({split} split) has NaN or infinite values")
         parts.append(col)
     features = torch.from_numpy(np.concatenate(parts, axis=1))
-    labels = read_labels(table, cfg)
+    labels = labels_of(ds, cfg)
     names = getattr(ds.features[label_columns(cfg)[0]], "names", None)
     return features, labels, names
 

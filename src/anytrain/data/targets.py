@@ -37,6 +37,16 @@ def read_labels(table: pa.Table, cfg: TrainConfig):
     return column.to_numpy()  # nulls become NaN and are refused with the other non-numbers
 
 
+def labels_of(ds, cfg: TrainConfig):
+    """A split's labels as read_labels reads them; a column of lists that datasets holds as JSON (lists mixing
+    kinds, such as names and numbers) decoded first, so its values are not their JSON spellings."""
+    columns = label_columns(cfg)
+    inner = getattr(ds.features.get(columns[0]), "feature", None)
+    if len(columns) == 1 and type(inner).__name__ == "Json":
+        return [row or [] for row in ds[columns[0]]]
+    return read_labels(ds.with_format("arrow"), cfg)
+
+
 def _numbers(column: pa.ChunkedArray, name: str) -> np.ndarray:
     if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
         raise ConfigError(f"--label-column: '{name}' holds {column.type}, not numbers: regression needs numbers")
@@ -173,7 +183,14 @@ def class_ids(tensors: dict, cfg: TrainConfig, source: str) -> tuple[int, dict |
             raise ConfigError(f"--num-classes: {source} has {len(classes)} label values, more than {cfg_classes}")
         return cfg_classes, {c: i for i, c in enumerate(classes)}
     if labels[0].dtype.kind == "f":
-        if any(not np.all(np.isfinite(y)) or not np.all(y == np.round(y)) for y in labels):
+        for y in labels:
+            if not np.isfinite(y).all():
+                missing = int((~np.isfinite(y)).sum())
+                raise ConfigError(
+                    f"--label-column: '{cfg.data.label_column}' of {source} has {missing} missing value(s) (NaN, "
+                    f"first at row {int(np.flatnonzero(~np.isfinite(y))[0])}): fill or drop them"
+                )
+        if any(not np.all(y == np.round(y)) for y in labels):
             raise ConfigError(
                 f"--label-column: '{cfg.data.label_column}' of {source} must hold integer class ids or strings"
             )

@@ -108,7 +108,7 @@ def training_labels(cfg: TrainConfig, given=None):
     """The training split's labels as data/targets.py reads them; None where classification is the only
     choice (streams, images, generated data) or the label column is missing (the loader names it)."""
     from ..data.sources import ImageFolder, opened
-    from ..data.targets import label_columns, read_labels
+    from ..data.targets import label_columns, labels_of
 
     if cfg.data.streaming or (given is None and cfg.data.dataset == "synthetic"):
         return None
@@ -117,7 +117,7 @@ def training_labels(cfg: TrainConfig, given=None):
     train = opened(cfg, given)[0]["train"]
     if any(c not in train.column_names for c in label_columns(cfg)):
         return None
-    return read_labels(train.with_format("arrow"), cfg)
+    return labels_of(train, cfg)
 
 
 def check_fits(cfg: TrainConfig, key: str, reason: str = "") -> None:
