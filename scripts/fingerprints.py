@@ -10,7 +10,9 @@ The jobs, each through `accelerate launch` of this checkout's src/train.py:
   two_ranks    2 gloo ranks (accelerate_configs/multi_cpu.yaml), digits, 5 epochs
   resumed      digits, 6 epochs, SIGKILLed after its step-100 checkpoint, then --resume
 
-A fingerprint is anytrain.outputs.weights_fingerprint of model.safetensors (16 hex digits of a sha256).
+A fingerprint is anytrain.outputs.weights_fingerprint (16 hex digits of a sha256) of the weights training
+ended with (summary.json's last_weights_sha256: model.safetensors holds the best validation's weights
+by default, the last step's with --final-weights last).
 Bit-identical weights are only expected on the same torch build, CPU kernels and core count, so they
 are stored per environment (anytrain.outputs.fingerprint_environment); the test suite pins the runs it
 makes anyway the same way, in the same file (tests/conftest.py, check_fingerprint). About 2 minutes on
@@ -35,12 +37,14 @@ STORE = ROOT / "tests" / "fingerprints.json"  # shared with the tests' pins (tes
 TIMEOUT = 600
 
 
-def fingerprint(weights: Path) -> str:
+def fingerprint(run_dir: Path) -> str:
+    """The last step's weights (a tree older than --final-weights: its model.safetensors)."""
     from safetensors.torch import load_file
 
     from anytrain.outputs import weights_fingerprint
 
-    return weights_fingerprint(load_file(str(weights)))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary.get("last_weights_sha256") or weights_fingerprint(load_file(str(run_dir / "model.safetensors")))
 
 
 def free_port() -> int:
@@ -98,10 +102,7 @@ def jobs(tree: Path, root: Path) -> dict[str, str]:
     run(command(tree, "cpu.yaml", root / "shakespeare", "--config", recipe, "--max-steps", "200"), tree)
     run(command(tree, "multi_cpu.yaml", root / "two_ranks", "--epochs", "5"), tree)
     killed_and_resumed(tree, root / "resumed")
-    return {
-        name: fingerprint(root / name / "model.safetensors")
-        for name in ("digits", "shakespeare", "two_ranks", "resumed")
-    }
+    return {name: fingerprint(root / name) for name in ("digits", "shakespeare", "two_ranks", "resumed")}
 
 
 def main() -> None:

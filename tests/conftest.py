@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "src" / "train.py"
 CONFIGS = ROOT / "accelerate_configs"
 sys.path.insert(0, str(ROOT / "src"))
+# Shared check modules report their failed asserts with values, like the tests that call them.
+pytest.register_assert_rewrite("hfchecks")
 
 # Tests never touch the network: hub look-ups fail fast instead of hanging.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -100,15 +102,21 @@ PINNED = ROOT / "tests" / "fingerprints.json"  # per environment; scripts/finger
 
 
 def check_fingerprint(name: str, run_dir: Path) -> None:
-    """The final weights of a run the suite makes anyway must keep their pinned fingerprint: a change
-    that alters training, however slightly, fails here. Bit-identical weights are expected only on the
-    same torch build, CPU kernels and core count, so pins are kept per environment; where none is
-    recorded the check says so and passes. ANYTRAIN_RECORD_FINGERPRINTS=1 records instead of checking."""
+    """The last step's weights of a run the suite makes anyway must keep their pinned fingerprint: a change
+    that alters training, however slightly, fails here. (model.safetensors holds the best validation's
+    weights by default; the pins are of the weights training ended with, summary.json's
+    last_weights_sha256, which is model.safetensors' fingerprint when those are the saved ones.)
+    Bit-identical weights are expected only on the same torch build, CPU kernels and core count, so pins
+    are kept per environment; where none is recorded the check says so and passes.
+    ANYTRAIN_RECORD_FINGERPRINTS=1 records instead of checking."""
     from safetensors.torch import load_file
 
     from anytrain.outputs import fingerprint_environment, weights_fingerprint
 
-    found = weights_fingerprint(load_file(str(Path(run_dir) / "model.safetensors")))
+    summary = read_summary(run_dir)
+    found = summary["last_weights_sha256"]
+    saved = weights_fingerprint(load_file(str(Path(run_dir) / "model.safetensors")))
+    assert (saved == found) == (summary["final_weights_step"] == summary["optimizer_steps"]), (saved, found)
     env, pinned = fingerprint_environment(), json.loads(PINNED.read_text())
     if os.environ.get("ANYTRAIN_RECORD_FINGERPRINTS"):
         pinned.setdefault(env, {})[name] = found

@@ -44,7 +44,7 @@ def check_accumulation(args: list[str], reference, tmp_path, monkeypatch, task_c
     diff = max_abs_diff(load_model(tmp_path / "accum").state_dict(), load_model(one_dir).state_dict())
     assert diff < TOL, diff
     losses = [[m["loss"] for m in read_metrics(d) if m["kind"] == "train"] for d in (tmp_path / "accum", one_dir)]
-    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    assert losses[0] == pytest.approx(losses[1], rel=2e-6)  # float32 sums in another order
     if task_class is None:  # a mean per sample: equal micro-batches already make the big batch's mean
         print(f"weights vs one batch of 16: 4 x 4 {diff:.2e}")
         return diff, None

@@ -58,12 +58,11 @@ def gpt2_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
 
 
-def tiny_bert(folder: Path, seed: int = 0) -> Path:
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
+def bert_config(tokenizer):
+    """The tiny BERT: 2 layers 64 wide, dropout off (the equality tests compare weights)."""
+    from transformers import BertConfig
 
-    tokenizer = bert_tokenizer()
-    config = BertConfig(
+    return BertConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
         num_hidden_layers=2,
@@ -74,6 +73,14 @@ def tiny_bert(folder: Path, seed: int = 0) -> Path:
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
+
+
+def tiny_bert(folder: Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import BertForSequenceClassification
+
+    tokenizer = bert_tokenizer()
+    config = bert_config(tokenizer)
     torch.manual_seed(seed)
     BertForSequenceClassification(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -107,20 +114,10 @@ def tiny_bert_mlm(folder: Path, seed: int = 0) -> Path:
     """The tiny BERT with its masked-LM head (BertForMaskedLM), as a pretrained checkpoint is saved: the masked-LM
     task trains it as it is, the token classifier replaces the head with one for the tags."""
     import torch
-    from transformers import BertConfig, BertForMaskedLM
+    from transformers import BertForMaskedLM
 
     tokenizer = bert_tokenizer()
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=POSITIONS,
-        pad_token_id=tokenizer.pad_token_id,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    config = bert_config(tokenizer)
     torch.manual_seed(seed)
     BertForMaskedLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

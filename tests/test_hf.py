@@ -19,6 +19,7 @@ import sys
 import pytest
 import torch
 from conftest import kill_and_resume, launch, max_abs_diff, read_metrics, read_summary
+from hfchecks import in_process
 from hfmodels import tiny_bert, tiny_gpt2
 from textdata import texts, write_jsonl
 
@@ -27,7 +28,6 @@ from anytrain.cli import main
 from anytrain.config import parse_config
 from anytrain.sample import sample
 from anytrain.tasks.hf_lm import HFCausalLM
-from anytrain.trainer import train
 
 pytest.importorskip("transformers")
 
@@ -45,16 +45,6 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
     data = write_jsonl(root / "texts.jsonl", texts(N, seed=3))
     return {"data": data, "bert": tiny_bert(root / "bert"), "gpt2": tiny_gpt2(root / "gpt2")}
-
-
-def in_process(run_dir, *flags: str) -> dict:
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(True)
-    try:
-        return train(parse_config([*flags, "--no-progress", "--no-plot", "--output-dir", str(run_dir)]))
-    finally:
-        AcceleratorState._reset_state(True)
 
 
 def lm_args(folders, *flags: str) -> list[str]:

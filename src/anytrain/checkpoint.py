@@ -4,7 +4,8 @@ Layout of a run folder:
     checkpoints/step-000120/   accelerator.save_state(): model.safetensors, optimizer.bin (tensors),
                                random_states_<rank>.pkl (every rank's RNG states), the fp16 grad
                                scaler; and progress.json: the loop's position, the LR schedule's
-                               state, the config and the process count, as plain JSON
+                               state, the config and the process count, as plain JSON; and
+                               best_weights.safetensors when an earlier step validated best (best.py)
     checkpoints/latest         text file naming the newest complete checkpoint
     checkpoints/best           text file naming the checkpoint with the lowest validation loss
 
@@ -23,6 +24,8 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from safetensors.torch import save_file
 
 from .config import OPTIONS, ConfigError, TrainConfig, saved_options
 from .files import write_atomically
@@ -45,6 +48,8 @@ class Progress:
     batches_done: int = 0  # batches of `epoch` already consumed (per rank)
     step: int = 0  # optimizer steps taken
     best_val_loss: float = float("inf")
+    best_step: int = -1  # the optimizer step of the validation with the lowest loss (-1: none yet)
+    best_val: dict = field(default_factory=dict)  # that validation's metrics
     evals_without_improvement: int = 0
     window: list = field(default_factory=list)  # (step, loss) of batches not yet logged, so the next log line is exact
     config: dict = field(default_factory=dict)
@@ -77,9 +82,11 @@ def write_pointer(run_dir: Path, name: str, target: Path) -> None:
     )  # readers see the old or the new name, never half
 
 
-def save_checkpoint(accelerator, run_dir: Path, step: int, keep: int, is_best: bool, state: dict) -> Path:
+def save_checkpoint(
+    accelerator, run_dir: Path, step: int, keep: int, is_best: bool, state: dict, tensors: dict | None = None
+) -> Path:
     """Every rank calls this together (save_state is collective and writes each rank's RNG state).
-    `state` is what progress.json holds: plain JSON values."""
+    `state` is what progress.json holds: plain JSON values; `tensors` more safetensors files, by name."""
     folder = run_dir / CHECKPOINTS
     final = folder / checkpoint_name(step)
     tmp = folder / f".tmp-{checkpoint_name(step)}"
@@ -90,6 +97,8 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, keep: int, is_best: b
         accelerator.save_state(str(tmp))
         if accelerator.is_main_process:
             (tmp / PROGRESS).write_text(json.dumps({**state, "num_processes": accelerator.num_processes}, indent=1))
+            for name, named_tensors in (tensors or {}).items():
+                save_file(named_tensors, str(tmp / name))
     except Exception as e:  # noqa: BLE001 - OSError, or safetensors' own error type around one: say it in one line
         shutil.rmtree(tmp, ignore_errors=True)
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]

@@ -297,6 +297,13 @@ class EvalConfig:
     early_stopping_min_delta: float = option(
         0.0, "improvement smaller than this does not count", bounds=NON_NEGATIVE, resumable=True
     )
+    final_weights: str = option(
+        "best",
+        "the weights the run ends with, evaluates on the test split and saves as model.safetensors: best = those of "
+        "the validation with the lowest loss (when there is a validation split), last = the last step's",
+        choices=("best", "last"),
+        resumable=True,
+    )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ them. This module does that for any model built as a flat `nn.Sequential` (every
   is taken once over the whole batch, so the gradients are those of the full batch.
 
 Devices: cuda:0 and cuda:1 with two or more GPUs, both stages on cuda:0 with one, both on the CPU
-without one; the placement is printed. See docs/model_parallel.md.
+without one; the placement is printed. The run ends with the last step's weights (the trainer's
+--final-weights last; it keeps the best validation's by default). See docs/model_parallel.md.
 """
 
 from __future__ import annotations

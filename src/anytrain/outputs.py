@@ -70,8 +70,14 @@ def weights_fingerprint(state_dict: dict) -> str:
 
 
 def fingerprint_environment() -> str:
-    """What bit-identical weights depend on besides the code: the torch build, its CPU kernels, the cores."""
-    return f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores"
+    """What bit-identical weights depend on besides the code: the torch build, its CPU kernels, the cores.
+    A CPU with AMX tiles gets other oneDNN/MKL kernels than one with AVX512 alone (measured: other bits)."""
+    kernels = torch.backends.cpu.get_cpu_capability()
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:  # not Linux
+        flags = []
+    return f"torch {torch.__version__}, {kernels}{'+AMX' if 'amx_tile' in flags else ''}, {os.cpu_count()} cores"
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:

@@ -27,6 +27,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import IMPORTED_AT
+from .best import BestWeights
 from .checkpoint import (
     Progress,
     find_resume_checkpoint,
@@ -273,7 +274,8 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     forward = forward_for(model, task.targets_to_model)  # model(inputs), + the targets if it computes its own loss
     criterion = training_loss(task, user_loss)
     who = "--loss" if user_loss is not None else f"--model {cfg.model.name}"
-    check_loss(criterion, model, task, data.shape, forward, who)  # scalar, finite, requires grad: before step 1
+    with accelerator.autocast():  # in the precision training will use
+        check_loss(criterion, model, task, data.shape, forward, who)  # scalar, finite, requires grad: before step 1
     check_writable(run_dir)  # the first write: nothing above may leave anything behind
     take_lock(accelerator, lock)
 
@@ -369,7 +371,11 @@ class Loop:
         self.window = LossWindow(parts.progress.window, accelerator.device)  # restored on resume
         self.speed = Throughput()
         self.val: dict = {}  # the last validation's metrics
-        self.improved_at = -1  # step of the last validation that improved the best loss
+        self.best = BestWeights(cfg.eval.final_weights == "best")  # the best validation's weights (best.py)
+        if parts.resume_from is not None:
+            self.best.resume(
+                model_of(accelerator, parts.model), parts.resume_from, parts.progress.best_step, parts.progress.step
+            )
         self.skipped_steps = 0  # fp16 overflows: optimizer steps without an update
 
     def run(self) -> int | None:
@@ -492,17 +498,42 @@ class Loop:
         self.val = {k: v for k, v in result.items() if k != "samples"}
         self.log.write(kind="eval", split="validation", step=progress.step, epoch=progress.epoch, **self.val)
         if result["loss"] < progress.best_val_loss - self.cfg.eval.early_stopping_min_delta:
-            progress.best_val_loss, progress.evals_without_improvement, self.improved_at = (
-                result["loss"],
-                0,
-                progress.step,
-            )
+            progress.best_val_loss, progress.evals_without_improvement = result["loss"], 0
+            progress.best_step, progress.best_val = progress.step, self.val
+            with self.speed.paused():  # a copy on the CPU: not training time
+                self.best.take(model_of(accelerator, model), progress.step)
         else:
             progress.evals_without_improvement += 1
         patience = self.cfg.eval.early_stopping_patience
         if patience and progress.evals_without_improvement >= patience and accelerator.is_main_process:
             accelerator.set_trigger()
         return accelerator.check_trigger()
+
+    def final_weights(self) -> tuple[dict, dict]:
+        """Put the best validation's weights back (--final-weights best) unless the last step's are those.
+        Returns (which weights the model now holds and their step, their validation metrics), the first with
+        each rank's fingerprint of them and of the last step's (after data-parallel training ranks agree)."""
+        progress, accelerator = self.parts.progress, self.parts.accelerator
+        model = model_of(accelerator, self.parts.model)
+        last = gather_object([weights_fingerprint(model.state_dict())])
+        facts = {"weights_sha256_per_rank": last, "last_weights_sha256": last[0]}
+        if self.best.restore(model, progress.step):
+            facts["weights_sha256_per_rank"] = gather_object([weights_fingerprint(model.state_dict())])
+        elif self.best.step != progress.step:
+            return {"final_weights": "last", "final_weights_step": progress.step, **facts}, self.val
+        return {"final_weights": "best", "final_weights_step": self.best.step, **facts}, progress.best_val
+
+    def test(self, epochs_completed: int) -> dict:
+        """The test split's metrics, logged; {} when there is no test split."""
+        parts = self.parts
+        if parts.test_loader is None:
+            return {}
+        result = evaluate(
+            parts.model, parts.test_loader, parts.task, parts.accelerator.gather_for_metrics, parts.forward
+        )
+        test = {k: v for k, v in result.items() if k != "samples"}
+        self.log.write(kind="eval", split="test", step=parts.progress.step, epoch=max(epochs_completed - 1, 0), **test)
+        return test
 
     def say_epoch(self) -> None:
         if self.parts.accelerator.is_main_process:
@@ -519,14 +550,14 @@ class Loop:
                 k: v for k, v in self.parts.scheduler.state_dict().items() if k != "lr_lambdas"
             }  # plain numbers
             state = {"progress": progress.state_dict(), "scheduler": schedule}
-            is_best = self.improved_at == progress.step
             return save_checkpoint(
                 accelerator,
                 Path(self.cfg.run.output_dir),
                 progress.step,
                 self.cfg.run.keep_checkpoints,
-                is_best=is_best,
+                is_best=progress.best_step == progress.step,
                 state=state,
+                tensors=self.best.to_save(progress.step),
             )
 
 
@@ -542,28 +573,34 @@ def write_curves(run_dir: Path) -> None:
         print(f"anytrain: WARNING: could not draw {run_dir / 'curves.png'}: {e}", file=sys.stderr)
 
 
+def describe_weights(weights: dict, progress: Progress) -> str:
+    """Which weights the final metrics and model.safetensors are, in words."""
+    if weights["final_weights"] == "last":
+        return f"the last step's weights, step {progress.step}"
+    if weights["final_weights_step"] == progress.step:
+        return f"the best validation's weights: the last step's, {progress.step}"
+    step = weights["final_weights_step"]
+    return f"the best validation's weights, step {step} of {progress.step}; --final-weights last for the last"
+
+
 def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: float) -> dict:
     """Test evaluation, final weights and summary.json; returns the summary."""
     accelerator, progress, task, run_dir = parts.accelerator, parts.progress, parts.task, Path(cfg.run.output_dir)
     epochs_completed = progress.epoch + (progress.batches_done > 0)
-    test = {}
-    if parts.test_loader is not None:
-        result = evaluate(parts.model, parts.test_loader, task, accelerator.gather_for_metrics, parts.forward)
-        test = {k: v for k, v in result.items() if k != "samples"}
-        loop.log.write(kind="eval", split="test", step=progress.step, epoch=max(epochs_completed - 1, 0), **test)
+    weights, val = loop.final_weights()  # the best validation's, by default
+    test = loop.test(epochs_completed)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(parts.model)  # full weights even when sharded (FSDP)
     state_dict = {
         k.replace("_orig_mod.", ""): v for k, v in state_dict.items()
     }  # torch.compile's wrapper is not the model
-    # Each rank's fingerprint of its own weights: after data-parallel training they must all agree.
-    rank_fingerprints = gather_object([weights_fingerprint(model_of(accelerator, parts.model).state_dict())])
     peak, peak_kind = peak_memory_bytes(accelerator.device)
     speed = loop.speed
     summary = {
         **{f"test_{k}": v for k, v in test.items()},
-        **{f"val_{k}": v for k, v in loop.val.items()},
+        **{f"val_{k}": v for k, v in val.items()},
         "best_val_loss": progress.best_val_loss,
+        **weights,  # which weights; each rank's fingerprint of them, and of the last step's
         "epochs_completed": epochs_completed,
         "optimizer_steps": progress.step,
         "skipped_optimizer_steps": loop.skipped_steps,
@@ -581,7 +618,6 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
         "task": task.name,
         "dataset": parts.data.source,
         **progress.data,
-        "weights_sha256_per_rank": rank_fingerprints,
         "scenario": outcome["scenario"],
     }
     if accelerator.is_main_process:
@@ -590,10 +626,10 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
         write_json(run_dir / "summary.json", summary)
         if cfg.run.plot:
             write_curves(run_dir)
-        final = test and {f"test_{k}": v for k, v in test.items()} or {f"val_{k}": v for k, v in loop.val.items()}
+        final = test and {f"test_{k}": v for k, v in test.items()} or {f"val_{k}": v for k, v in val.items()}
         accelerator.print(
-            f"anytrain: {', '.join(f'{k} {v:.4f}' for k, v in final.items())}, {summary['wall_time_s']:.1f}s, run "
-            f"folder {run_dir}"
+            f"anytrain: {', '.join(f'{k} {v:.4f}' for k, v in final.items())} ({describe_weights(weights, progress)}), "
+            f"{summary['wall_time_s']:.1f}s, run folder {run_dir}"
         )
     loop.log.close()
     accelerator.end_training()

@@ -78,10 +78,8 @@ def load_arrow_splits(cfg: TrainConfig, splits: dict, source: str, inputs: list[
         "train_samples": len(rows["train"]),
         "data_path": "arrow (memory-mapped), read per batch",
     }
-    return Splits(
-        rows["train"],
-        rows["validation"],
-        rows["test"],
+    return Splits.of(
+        rows,
         shape,
         source,
         class_names=class_names,

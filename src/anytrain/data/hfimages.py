@@ -85,17 +85,7 @@ def image_splits(cfg: TrainConfig, processor, channels: int, given=None) -> Spli
         facts["skipped_files"] = folder.skipped
     shape = DataShape("image", num_classes=num_classes, channels=channels, image_size=size)
     notes = [folder.note()] if folder is not None and folder.note() else []
-    return Splits(
-        rows["train"],
-        rows["validation"],
-        rows["test"],
-        shape,
-        source,
-        class_names=class_names,
-        input_columns=[column],
-        facts=facts,
-        notes=notes,
-    )
+    return Splits.of(rows, shape, source, class_names=class_names, input_columns=[column], facts=facts, notes=notes)
 
 
 def pixel_size(processor) -> int:

@@ -91,10 +91,8 @@ def pair_splits(cfg: TrainConfig, tokenizer, decoder_start: int, given=None) -> 
     shape = DataShape(
         "tokens", vocab_size=len(tokenizer), max_length=cfg.data.max_length, pad_id=tokenizer.pad_token_id
     )
-    return Splits(
-        train,
-        rows["validation"],
-        rows["test"],
+    return Splits.of(
+        rows,
         shape,
         source_name,
         input_columns=[source],

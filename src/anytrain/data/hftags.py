@@ -133,10 +133,8 @@ def tagged_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
         max_length=cfg.data.max_length,
         pad_id=tokenizer.pad_token_id,
     )
-    return Splits(
-        train,
-        rows["validation"],
-        rows["test"],
+    return Splits.of(
+        rows,
         shape,
         source,
         class_names=names,

@@ -103,10 +103,8 @@ def hf_text_splits(rows: dict, tokenizer, num_classes: int, class_names, max_len
         max_length=max_length,
         pad_id=tokenizer.pad_token_id,
     )
-    return Splits(
-        rows["train"],
-        rows["validation"],
-        rows["test"],
+    return Splits.of(
+        rows,
         shape,
         source,
         class_names=class_names,

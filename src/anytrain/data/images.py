@@ -256,16 +256,8 @@ def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) 
         "data_path": "arrow (memory-mapped), images decoded per batch",
     }
     shape = DataShape("image", num_classes=num_classes, channels=look.channels, image_size=look.size)
-    return Splits(
-        rows["train"],
-        rows["validation"],
-        rows["test"],
-        shape,
-        source,
-        class_names=class_names,
-        input_columns=[column],
-        facts=facts,
-        metadata=look_metadata(look),
+    return Splits.of(
+        rows, shape, source, class_names=class_names, input_columns=[column], facts=facts, metadata=look_metadata(look)
     )
 
 

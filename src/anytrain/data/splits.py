@@ -77,6 +77,11 @@ class Splits:
     tokenizer: object = None
     tokens_per_sample: float | None = None
 
+    @classmethod
+    def of(cls, rows: dict, shape: DataShape, source: str, **facts) -> Splits:
+        """Splits of {"train", "validation", "test"} rows (a stream may have no test split)."""
+        return cls(rows["train"], rows["validation"], rows.get("test"), shape, source, **facts)
+
     @property
     def num_classes(self) -> int:
         return self.shape.num_classes

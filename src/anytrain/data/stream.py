@@ -103,10 +103,8 @@ def load_stream_splits(cfg: TrainConfig, splits: dict, source: str) -> Splits:
     facts = {"num_classes": num_classes, "data_path": "stream (rank 0 reads, accelerate dispatches)"}
     facts.update(image_facts(look) if look is not None else {"num_features": shape.num_features})
     metadata = look_metadata(look) if look is not None else {"num_features": str(shape.num_features)}
-    return Splits(
-        batches["train"],
-        batches["validation"],
-        batches.get("test"),
+    return Splits.of(
+        batches,
         shape,
         source,
         class_names=list(names) if names else None,

@@ -74,10 +74,8 @@ def load_text_class_splits(cfg: TrainConfig, given=None) -> Splits:
     shape = DataShape(
         "tokens", num_classes=num_classes, vocab_size=vocab.size + SPECIALS, max_length=cfg.data.max_length, pad_id=PAD
     )
-    return Splits(
-        rows["train"],
-        rows["validation"],
-        rows["test"],
+    return Splits.of(
+        rows,
         shape,
         source,
         class_names=class_names,

@@ -29,6 +29,7 @@ def settle(cfg: TrainConfig, given=None) -> Settled:
 
         transformers()  # not installed: one line naming the extra, before any data is read
     cfg = bundled_columns(cfg)
+    cfg, named = named_label(cfg, given)
     task, reason = chosen_task(cfg, given)
     if task != cfg.data.task:
         cfg = cfg.replace(task=task)
@@ -37,7 +38,7 @@ def settle(cfg: TrainConfig, given=None) -> Settled:
         key = f"{key}-images"
     cfg, notes = fitted_defaults(cfg, key)
     check_fits(cfg, key, reason)
-    return Settled(cfg, key, reason, notes)
+    return Settled(cfg, key, reason, named + notes)
 
 
 def fitted_defaults(cfg: TrainConfig, key: str) -> tuple[TrainConfig, tuple[str, ...]]:
@@ -65,6 +66,28 @@ def bundled_columns(cfg: TrainConfig) -> TrainConfig:
     if "label_column" not in cfg.given:
         changes["label_column"] = label
     return cfg.replace(**changes) if changes else cfg
+
+
+LABEL_NAMES = ("label", "labels", "target", "targets", "y")  # what tables usually call their label column
+
+
+def named_label(cfg: TrainConfig, given=None) -> tuple[TrainConfig, tuple[str, ...]]:
+    """--label-column left at 'label' on a table that has no such column but one of the other usual names
+    (scikit-learn's frames say 'target'): that column, said at start."""
+    from ..data.sources import ImageFolder, opened
+
+    if "label_column" in cfg.given or cfg.data.task not in ("auto", "classify", "regress", "multilabel"):
+        return cfg, ()
+    if cfg.data.streaming or (task_from_options(cfg) or ("",))[0] == "lm":
+        return cfg, ()
+    if given is None and (cfg.data.dataset == "synthetic" or ImageFolder.scan(cfg.data.dataset) is not None):
+        return cfg, ()
+    columns = opened(cfg, given)[0]["train"].column_names
+    found = [name for name in LABEL_NAMES if name in columns]
+    if not found or found[0] == cfg.data.label_column:
+        return cfg, ()
+    note = f"--label-column {found[0]}: the table has no '{cfg.data.label_column}' column"
+    return cfg.replace(label_column=found[0]), (note,)
 
 
 def chosen_task(cfg: TrainConfig, given=None) -> tuple[str, str]:

@@ -1,0 +1,63 @@
+"""The weights of the best validation so far, for --final-weights best (the default).
+
+A copy is taken in CPU memory whenever the validation loss improves; every checkpoint after it holds
+the copy too (best_weights.safetensors, unless the checkpoint's own weights are the best), so a killed
+and resumed run ends with the same weights; at the end the copy goes back into the model before the
+test split is evaluated and model.safetensors written. Only what training changes is copied: the
+trainable parameters and the saved buffers (frozen weights, such as a LoRA base model's, stay as loaded).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+FILE = "best_weights.safetensors"  # in a checkpoint folder
+
+
+def changing_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors training changes, by name (a tied weight once, under its first name)."""
+    saved = model.state_dict(keep_vars=True)
+    tensors = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    tensors.update((name, b) for name, b in model.named_buffers() if name in saved)
+    return tensors
+
+
+class BestWeights:
+    """The copy and the optimizer step it was taken at (-1: none yet)."""
+
+    def __init__(self, keep: bool):
+        self.keep = keep  # --final-weights best
+        self.tensors: dict[str, torch.Tensor] | None = None
+        self.step = -1
+
+    def take(self, model: nn.Module, step: int) -> None:
+        if self.keep:
+            self.tensors = {k: v.detach().to("cpu", copy=True) for k, v in changing_tensors(model).items()}
+            self.step = step
+
+    def to_save(self, step: int) -> dict[str, dict]:
+        """What a checkpoint at `step` must hold besides its own weights: the copy, when it is another step's."""
+        return {FILE: self.tensors} if self.tensors is not None and self.step != step else {}
+
+    def resume(self, model: nn.Module, checkpoint: Path, best_step: int, step: int) -> None:
+        """After loading the checkpoint of `step`: the copy is its weights, or the file it holds."""
+        if not self.keep or best_step < 0:
+            return
+        if best_step == step:
+            self.take(model, step)
+        elif (checkpoint / FILE).is_file():
+            self.tensors, self.step = load_file(str(checkpoint / FILE)), best_step
+
+    def restore(self, model: nn.Module, step: int) -> bool:
+        """Put the copy back into the model; False (nothing done) when there is none or it is the last step's."""
+        if self.tensors is None or self.step == step:
+            return False
+        own = changing_tensors(model)
+        with torch.no_grad():
+            for name, tensor in self.tensors.items():
+                own[name].copy_(tensor)
+        return True
