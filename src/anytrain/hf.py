@@ -193,6 +193,23 @@ def load_model(cfg: TrainConfig, head: Head, config):
     return with_loss_type(model, head)
 
 
+def checkpoint_activations(model) -> None:
+    """Recompute each block's activations in the backward pass, with torch's non-reentrant checkpoint (which
+    restores the RNG state, so dropout draws the same masks). transformers 5.24 renamed the method."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if getattr(model.config, "use_cache", None):
+        model.config.use_cache = False  # a cache of keys and values is for generating, not for training
+
+
+def checkpoints_activations(model) -> bool:
+    """Whether any of the model's blocks recomputes its activations (what the model really does)."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
 def with_loss_type(model, head: Head):
     """Name the loss transformers uses where the class name does not say (GPT2LMHeadModel; it warns so)."""
     if head.loss_type and getattr(model, "loss_type", None) is None:

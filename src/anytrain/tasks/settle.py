@@ -37,6 +37,8 @@ def settle(cfg: TrainConfig, given=None) -> Settled:
     if f"{key}-images" in REGISTRY and holds_images(cfg, given):  # a transformers vision model, for one
         key = f"{key}-images"
     cfg, notes = fitted_defaults(cfg, key)
+    if cfg.model.gradient_checkpointing:
+        notes += ("gradient checkpointing: each block's activations are recomputed in the backward pass",)
     check_fits(cfg, key, reason)
     return Settled(cfg, key, reason, named + notes)
 

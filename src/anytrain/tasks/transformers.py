@@ -55,7 +55,10 @@ class Transformers(BaseTask):
     def build_model(self, given=None) -> nn.Module:
         from .. import hf
 
-        return hf.load_model(self.cfg, self.head, self.model_config)
+        model = hf.load_model(self.cfg, self.head, self.model_config)
+        if self.cfg.model.gradient_checkpointing:
+            hf.checkpoint_activations(model)
+        return model
 
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
         from .. import hf
@@ -63,7 +66,11 @@ class Transformers(BaseTask):
         return hf.model_from_config(self.head, meta["hf_config"])
 
     rates = BaseTask.rates  # samples/s and tokens/s from the texts' mean length, whichever task this flavours
-    describe_data = BaseTask.describe_data
+
+    def describe_data(self, model: nn.Module) -> dict:
+        from ..hf import checkpoints_activations
+
+        return {**BaseTask.describe_data(self, model), "gradient_checkpointing": checkpoints_activations(model)}
 
     def weights_metadata(self) -> dict:
         from ..hf import FOLDER
