@@ -127,13 +127,21 @@ def tiny_bert_mlm(folder: Path, seed: int = 0) -> Path:
 def bart_tokenizer(corpus_texts: list[str]):
     """A WordPiece tokenizer with BART's special tokens (<s> 0, <pad> 1, </s> 2, <unk> 3), wrapping every text in
     <s> ... </s> as BART's tokenizer does."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from collections import Counter
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # Its vocabulary made here, not by tokenizers' WordPiece trainer: that one breaks ties between equally
+    # frequent words in hash order, so the ids (which embedding row a word gets) and with them how fast the
+    # tiny model learns changed from run to run. Specials, characters, then words by count, then by spelling.
+    counts = Counter(word for text in corpus_texts for word in text.split())
+    chars = sorted({c for word in counts for c in word})
+    words = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if len(w) > 1]
     specials = ["<s>", "<pad>", "</s>", "<unk>"]
-    tok.train_from_iterator(corpus_texts, trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials))
+    vocab = [*specials, *chars, *(f"##{c}" for c in chars), *words][:VOCAB]
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>"

@@ -66,8 +66,10 @@ def test_the_bart_learns_to_translate_and_predict_generates_what_transformers_lo
 
     run_dir = tmp_path / "run"
     flags = ["--model", f"hf:{folders['bart']}", "--dataset", str(folders["more"]), *S2S[4:]]
-    summary = in_process(run_dir, *flags, "--lr", "1e-3", "--epochs", "22", "--batch-size", "16", "--weight-decay", "0")
-    assert summary["test_exact_match"] >= 0.9 and summary["test_bleu"] >= 90, summary  # measured 1.0 and 100
+    summary = in_process(run_dir, *flags, "--lr", "1e-3", "--epochs", "35", "--batch-size", "16", "--weight-decay", "0")
+    assert summary["test_exact_match"] >= 0.9 and summary["test_bleu"] >= 90, (
+        summary
+    )  # measured 1.0 and 100 (by epoch 20)
     rows = [{"source": "river stone the"}, {"source": "engine and cable"}]
     predicted = predict(str(run_dir), str(write_jsonl(tmp_path / "new.jsonl", rows)))
     assert [p["prediction"] for p in predicted] == ["fluv petra le", "moteur et kabel"], predicted

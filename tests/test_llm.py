@@ -1,28 +1,38 @@
-"""Fine-tuning language models (issue 28): gradient checkpointing first.
+"""Fine-tuning language models (issue 28): gradient checkpointing and LoRA.
 
 --gradient-checkpointing recomputes each transformer block's activations in the backward pass instead of
 keeping them: every block runs twice per training batch (counted here), and the weights after 8 AdamW
-steps are those of the run that kept its activations. A model that is not a transformers one is refused
-in one line. Peak memory is measured by benchmarks/llm_memory.py (figures, not a test).
+steps are those of the run that kept its activations. Peak memory: benchmarks/llm_memory.py (figures).
 
-Data: 324 generated texts (tests/textdata.py); the tiny GPT-2 of tests/hfmodels.py."""
+LoRA through peft (--lora-r): the tiny GPT-2's own weights stay as they were loaded, its 8 linear
+projections get adapters of rank 8 (16,384 of 150,272 parameters, said at start and in summary.json), and
+the run learns. Checkpoints hold the adapters only; a SIGKILLed run resumes bit-identical; 4 accumulated
+batches of 4 equal one batch of 16, and 2 ranks x 8 equal it (the token-weighted loss as in full
+fine-tuning). At the end, run_dir/adapter loads with PeftModel.from_pretrained on the base model and
+run_dir/hf (merged) with AutoModelForCausalLM.from_pretrained, both with the outputs of load_model(run).
+
+Bad input is one line. Data: 324 generated texts (tests/textdata.py); the tiny GPT-2 of tests/hfmodels.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import max_abs_diff, read_metrics, run_cli_error
-from hfchecks import in_process
+from hfchecks import big_batch, check_accumulation, check_kill_and_resume, check_two_ranks, in_process
 from hfmodels import tiny_gpt2
+from safetensors.torch import load_file
 from textdata import texts, write_jsonl
 
 from anytrain import load_model
+from anytrain.tasks.hf_lm import HFCausalLM
 
 pytest.importorskip("transformers")
 
 N = 324
 LM = f"--text-column text --val-fraction {33.5 / N} --test-fraction {35.5 / N} --task lm --max-length 64".split()
 STEPS = ("--batch-size", "8", "--max-steps", "8", "--log-every-steps", "1", "--lr", "2e-3")
+LORA = ("--lora-r", "8", "--lr", "1e-2")
+TRAINABLE = 2 * 8 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64))  # 2 blocks x r x (in + out) of 4 projections
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +42,10 @@ def folders(tmp_path_factory):
 
 
 def args(folders, *flags: str) -> list[str]:
-    return ["--model", f"hf:{folders['gpt2']}", "--dataset", str(folders["data"]), *LM, *STEPS, *flags]
+    return ["--model", f"hf:{folders['gpt2']}", "--dataset", str(folders["data"]), *LM, *flags]
+
+
+# --------------------------------------------------------------------------- gradient checkpointing
 
 
 def counted_blocks(monkeypatch) -> list[int]:
@@ -52,10 +65,10 @@ def counted_blocks(monkeypatch) -> list[int]:
 
 def test_gradient_checkpointing_recomputes_and_trains_the_same_weights(folders, tmp_path, monkeypatch, capsys):
     kept = counted_blocks(monkeypatch)
-    plain = in_process(tmp_path / "plain", *args(folders))
+    plain = in_process(tmp_path / "plain", *args(folders, *STEPS))
     plain_calls = kept[0]
     kept[0] = 0
-    checkpointed = in_process(tmp_path / "ckpt", *args(folders, "--gradient-checkpointing"))
+    checkpointed = in_process(tmp_path / "ckpt", *args(folders, *STEPS, "--gradient-checkpointing"))
     assert "gradient checkpointing: each block's activations are recomputed" in capsys.readouterr().out
     # the loss check on a batch of 2 (no backward), then 8 steps x 2 blocks: kept, or run again in the backward pass
     assert (plain_calls, kept[0]) == (2 + 16, 2 + 32)
@@ -73,4 +86,92 @@ def test_gradient_checkpointing_recomputes_and_trains_the_same_weights(folders, 
 def test_gradient_checkpointing_of_a_model_that_is_not_a_transformers_one_is_one_line(capsys, tmp_path):
     err = run_cli_error(capsys, ["--gradient-checkpointing", "--output-dir", str(tmp_path / "run")])
     assert "--gradient-checkpointing recomputes the blocks of transformers models (--model hf:...) only" in err
+    assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- LoRA
+
+
+def lora_args(folders, *flags: str) -> list[str]:
+    return args(folders, *LORA, *flags)
+
+
+@pytest.fixture(scope="module")
+def trained(folders, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("lora_run")
+    return in_process(
+        run_dir, *lora_args(folders, "--epochs", "3", "--batch-size", "16", "--log-every-steps", "1")
+    ), run_dir
+
+
+def test_only_the_adapters_train_and_the_run_learns(folders, trained):
+    summary, run_dir = trained
+    assert (summary["trainable_parameters"], summary["parameters"]) == (TRAINABLE, 150_272) and TRAINABLE == 16_384
+    first = read_metrics(run_dir)[0]["loss"]
+    assert summary["val_loss"] < first - 0.15, (first, summary["val_loss"])  # measured 5.95 -> 5.60
+    # the model's own weights are those it was loaded with
+    base = load_file(str(folders["gpt2"] / "model.safetensors"))
+    saved = load_file(str(run_dir / "model.safetensors"))
+    for name, tensor in base.items():
+        layer = name.removesuffix(".weight").removesuffix(".bias")
+        wrapped = f"base_model.model.{layer}.base_layer.{name.rsplit('.', 1)[1]}"
+        assert torch.equal(saved.get(wrapped, saved.get(f"base_model.model.{name}")), tensor), name
+    # a checkpoint holds the 16 adapter matrices, not the frozen weights
+    latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    held = load_file(str(latest / "model.safetensors"))
+    assert len(held) == 16 and all(".lora_A." in k or ".lora_B." in k for k in held)
+    assert sum(t.numel() for t in held.values()) == TRAINABLE
+
+
+def test_the_adapter_and_the_merged_model_give_the_runs_outputs(folders, trained):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, run_dir = trained
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "hf")
+    ids = tokenizer(["the river runs past the old mill", "servers compile the kernel"], padding=True)
+    inputs = {"input_ids": torch.tensor(ids["input_ids"]), "attention_mask": torch.tensor(ids["attention_mask"])}
+    with torch.no_grad():
+        ours = load_model(run_dir)(**inputs).logits
+        adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folders["gpt2"]), run_dir / "adapter")
+        merged = AutoModelForCausalLM.from_pretrained(run_dir / "hf")
+        base = AutoModelForCausalLM.from_pretrained(folders["gpt2"])
+        outputs = [model.eval()(**inputs).logits for model in (adapter, merged, base)]
+    assert (outputs[0] - ours).abs().max() < 1e-5 and (outputs[1] - ours).abs().max() < 1e-5
+    assert (outputs[2] - ours).abs().max() > 1e-2  # the adapters changed what the model says
+
+
+@pytest.fixture(scope="module")
+def reference(folders, tmp_path_factory):
+    return big_batch(lora_args(folders), tmp_path_factory.mktemp("lora_big"))
+
+
+def test_lora_accumulation_equals_one_big_batch(folders, reference, tmp_path, monkeypatch):
+    check_accumulation(lora_args(folders), reference, tmp_path, monkeypatch, HFCausalLM)
+
+
+@pytest.mark.launch
+def test_lora_on_two_ranks_equals_one_rank_with_twice_the_batch(folders, reference, tmp_path):
+    check_two_ranks(lora_args(folders), reference, tmp_path)
+
+
+@pytest.mark.launch
+def test_a_lora_run_sigkilled_mid_run_resumes_bit_identical(folders, tmp_path):
+    check_kill_and_resume(lora_args(folders), tmp_path, "lora")
+    held = load_file(str(next((tmp_path / "victim" / "checkpoints").glob("step-*")) / "model.safetensors"))
+    assert len(held) == 16  # resumed from adapters alone
+
+
+def test_bad_lora_options_are_one_line_and_write_nothing(folders, tmp_path, capsys):
+    out = ["--output-dir", str(tmp_path / "run")]
+    err = run_cli_error(capsys, ["--lora-r", "8", *out])
+    assert "--lora-r: LoRA adapts transformers models (--model hf:...) only" in err
+    err = run_cli_error(capsys, [*lora_args(folders, "--lora-targets", "c_attn,q_proj"), *out])
+    assert (
+        "--lora-targets: the model has no linear layer named q_proj; its linear layers: c_attn, c_fc, c_proj, lm_head"
+        in err
+    )
+    classify = ["--model", f"hf:{folders['gpt2']}", "--dataset", str(folders["data"]), "--text-column", "text"]
+    err = run_cli_error(capsys, [*classify, "--label-column", "label", "--lora-r", "8", *out])
+    assert "--lora-r: LoRA adapts causal language models here (--task lm), not --task classify" in err
     assert not (tmp_path / "run").exists()

@@ -119,6 +119,22 @@ def save_checkpoint(
     return final
 
 
+def save_what_trains(accelerator) -> None:
+    """Checkpoints of a model with frozen weights (LoRA's) hold what training changes only: the trainable
+    tensors and the buffers. The frozen ones are the pretrained model's, loaded from its folder again."""
+
+    def keep_trained(models, weights, output_dir) -> None:
+        for model, state in zip(models, weights):
+            if all(p.requires_grad for p in model.parameters()):
+                continue
+            trained = {name for name, p in model.named_parameters() if p.requires_grad}
+            trained |= {name for name, _ in model.named_buffers()}
+            for name in [name for name in state if name not in trained]:
+                del state[name]
+
+    accelerator.register_save_state_pre_hook(keep_trained)
+
+
 def _prune(run_dir: Path, keep: int) -> None:
     """Keep the newest `keep` checkpoints plus the best one."""
     protected = {read_pointer(run_dir, "best"), read_pointer(run_dir, "latest")}
@@ -226,7 +242,8 @@ def load_checkpoint(accelerator, checkpoint: Path, cfg: TrainConfig) -> dict:
         )
     check_safe_to_load(checkpoint, accelerator.process_index)
     try:
-        accelerator.load_state(str(checkpoint))
+        # A LoRA run's checkpoints hold the adapters only (save_what_trains); the frozen weights are the model's
+        accelerator.load_state(str(checkpoint), strict=not cfg.model.lora_r)
     except Exception as e:
         first_line = str(e).splitlines()[0] if str(e) else ""
         raise ConfigError(f"--resume: cannot load checkpoint {checkpoint}: {type(e).__name__}: {first_line}") from None

@@ -220,6 +220,19 @@ class ModelConfig:
         "of keeping them: less memory for about a third more compute, the same gradients",
         resumable=True,
     )
+    lora_r: int = option(
+        0,
+        "transformers causal LMs: train LoRA adapters of this rank (through peft) beside the frozen weights; "
+        "0 = full fine-tuning",
+        bounds=NON_NEGATIVE,
+    )
+    lora_alpha: float = option(16.0, "LoRA: the adapters' output is scaled by alpha / r", bounds=POSITIVE)
+    lora_dropout: float = option(0.0, "LoRA: dropout on the adapters' inputs", bounds=UNIT)
+    lora_targets: str = option(
+        "",
+        "LoRA: the linear layers to adapt, by name, comma-separated (GPT-2: c_attn,c_proj,c_fc); empty = every "
+        "linear projection of the blocks (attention and MLP), not the output layer",
+    )
 
 
 @dataclass(frozen=True)
@@ -686,6 +699,8 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("--persistent-workers needs --num-workers > 0")
     if model.gradient_checkpointing and not model.name.startswith("hf:"):
         raise ConfigError("--gradient-checkpointing recomputes the blocks of transformers models (--model hf:...) only")
+    if model.lora_r and not model.name.startswith("hf:"):
+        raise ConfigError("--lora-r: LoRA adapts transformers models (--model hf:...) only")
     if model.name == "cnn" and not model.channels:
         raise ConfigError("--channels must name at least one conv layer for the cnn model")
     return cfg

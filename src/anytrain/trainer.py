@@ -35,6 +35,7 @@ from .checkpoint import (
     read_pointer,
     resolve_auto_resume,
     save_checkpoint,
+    save_what_trains,
 )
 from .config import ConfigError, TrainConfig
 from .data.splits import Splits, loader_workers, make_loader
@@ -228,6 +229,7 @@ def train(cfg: TrainConfig, given: Given | None = None) -> dict:
 def _train(cfg: TrainConfig, signals: StopSignals, lock: RunLock, given: Given) -> dict:
     started = time.perf_counter()
     accelerator = make_accelerator(cfg)
+    save_what_trains(accelerator)  # a LoRA run's checkpoints: its adapters, not the frozen weights
     if accelerator.device.type == "cpu":
         # Once gradients and Adam's moments get tiny they turn denormal, and x86 computes those in slow
         # microcode: 3x slower steps measured (docs/benchmarks.md). Flushed to zero, accuracy is unchanged.

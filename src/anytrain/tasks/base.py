@@ -112,7 +112,8 @@ class BaseTask:
         return {"samples_per_s": per_second, "tokens_per_s": per_second and per_second * per_sample}
 
     def describe_data(self, model: nn.Module) -> dict:
-        return {**self.data.facts, "parameters": model_parameters(model)}
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return {**self.data.facts, "parameters": model_parameters(model), "trainable_parameters": trainable}
 
     def weights_metadata(self) -> dict[str, str]:
         """The data's shape and facts (metadata), its classes and input columns."""

@@ -159,6 +159,8 @@ def check_fits(cfg: TrainConfig, key: str, reason: str = "") -> None:
         if model.name.startswith("hf:"):
             raise ConfigError(f"--model {model.name}: transformers models train --task {', '.join(hf_tasks)} here")
         raise ConfigError(f"--task {task} trains a transformers model: --model hf:FOLDER_OR_ID")
+    if model.lora_r and key != "hf:lm":
+        raise ConfigError(f"--lora-r: LoRA adapts causal language models here (--task lm), not --task {task}")
     if cfg.optim.loss in ("mse", "huber") and task != "regress":
         said = f"--task {task} has its own (--loss auto)" if "task" in cfg.given else f"this data is a {task} task"
         raise ConfigError(f"--loss {cfg.optim.loss} is a regression loss; {said}")

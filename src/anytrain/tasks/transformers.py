@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .. import lora
 from ..data.splits import Splits
 from ..hf import Head
 from ..shape import DataShape
@@ -58,12 +59,19 @@ class Transformers(BaseTask):
         model = hf.load_model(self.cfg, self.head, self.model_config)
         if self.cfg.model.gradient_checkpointing:
             hf.checkpoint_activations(model)
+        if self.cfg.model.lora_r:  # the weights frozen, adapters beside them trained
+            from accelerate.state import PartialState
+
+            say = PartialState().print
+            model = lora.wrap(
+                model, lora.settings(self.cfg), self.head.auto_class, lambda line: say(f"anytrain: {line}")
+            )
         return model
 
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
         from .. import hf
 
-        return hf.model_from_config(self.head, meta["hf_config"])
+        return lora.rebuild(hf.model_from_config(self.head, meta["hf_config"]), meta, self.head.auto_class)
 
     rates = BaseTask.rates  # samples/s and tokens/s from the texts' mean length, whichever task this flavours
 
@@ -80,11 +88,13 @@ class Transformers(BaseTask):
         meta = {"data_shape": data.shape.to_json(), "hf_config": config, "hf": FOLDER}
         if data.num_classes:
             meta["class_names"] = json.dumps(data.class_names or [str(k) for k in range(data.num_classes)])
-        return {**meta, "input_columns": json.dumps(data.input_columns)}
+        return {**meta, **lora.metadata(self.cfg), "input_columns": json.dumps(data.input_columns)}
 
     def export(self, model: nn.Module, run_dir: Path) -> None:
         from .. import hf
 
+        if self.cfg.model.lora_r:  # the adapter into run_dir/adapter; run_dir/hf gets the merged model
+            model = lora.export(model, run_dir)
         hf.save_pretrained(model, self.tokenizer, run_dir)
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
