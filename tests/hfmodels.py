@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tagdata import PEOPLE, PLACES
 from textdata import FILLER, TOPICS
 
 from anytrain.data.text import SHAKESPEARE_PATH
@@ -21,14 +22,31 @@ def corpus() -> list[str]:
     return [words] * 20 + SHAKESPEARE_PATH.read_text(encoding="utf-8")[:100_000].split("\n\n")
 
 
+def fixed_wordpiece(texts: list[str], specials: list[str], unk: str, pre_tokenizer):
+    """A WordPiece model whose vocabulary is made here: the specials, every character (alone and as a
+    continuation), then the words by count, ties by spelling, up to VOCAB. tokenizers' WordPiece trainer
+    breaks ties between equally frequent pieces in hash order, so its vocabulary changed from run to run,
+    and with it how far a tiny model got in a test's epochs (a seq2seq and a tagging test failed by draw)."""
+    from collections import Counter
+
+    from tokenizers import models
+
+    counts = Counter(word for text in texts for word, _ in pre_tokenizer.pre_tokenize_str(text))
+    chars = sorted({c for word in counts for c in word})
+    words = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if len(w) > 1]
+    vocab = [*specials, *chars, *(f"##{c}" for c in chars), *words][:VOCAB]
+    return models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token=unk)
+
+
 def bert_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok.train_from_iterator(corpus(), trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials))
+    names = " ".join([*(w for person in PEOPLE for w in person), *PLACES])  # the tagging tests' names: whole words
+    texts = [*corpus(), *[names] * 20]
+    tok = Tokenizer(fixed_wordpiece(texts, specials, "[UNK]", pre_tokenizers.BertPreTokenizer()))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
@@ -127,20 +145,11 @@ def tiny_bert_mlm(folder: Path, seed: int = 0) -> Path:
 def bart_tokenizer(corpus_texts: list[str]):
     """A WordPiece tokenizer with BART's special tokens (<s> 0, <pad> 1, </s> 2, <unk> 3), wrapping every text in
     <s> ... </s> as BART's tokenizer does."""
-    from collections import Counter
-
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    # Its vocabulary made here, not by tokenizers' WordPiece trainer: that one breaks ties between equally
-    # frequent words in hash order, so the ids (which embedding row a word gets) and with them how fast the
-    # tiny model learns changed from run to run. Specials, characters, then words by count, then by spelling.
-    counts = Counter(word for text in corpus_texts for word in text.split())
-    chars = sorted({c for word in counts for c in word})
-    words = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if len(w) > 1]
     specials = ["<s>", "<pad>", "</s>", "<unk>"]
-    vocab = [*specials, *chars, *(f"##{c}" for c in chars), *words][:VOCAB]
-    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    tok = Tokenizer(fixed_wordpiece(corpus_texts, specials, "<unk>", pre_tokenizers.WhitespaceSplit()))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
     return PreTrainedTokenizerFast(

@@ -69,10 +69,10 @@ def test_a_words_tag_goes_on_its_first_sub_token(folders):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folders["bert"])
-    enc = tokenizer(["the", "Capulet", "kernel"], is_split_into_words=True)
+    enc = tokenizer(["the", "Capuletti", "kernel"], is_split_into_words=True)  # not in the vocabulary
     labels = align_labels(enc.word_ids(), [0, 1, 2])
     pieces = enc.word_ids()
-    assert pieces.count(1) > 1, "Capulet should split into several word pieces here"
+    assert pieces.count(1) > 1, "Capuletti should split into several word pieces here"
     assert labels[0] == labels[-1] == -100  # [CLS], [SEP]
     assert [label for label in labels if label != -100] == [0, 1, 2]
 
@@ -84,7 +84,9 @@ def test_the_bert_learns_the_tags_and_predict_gives_what_transformers_loads(fold
     flags = [*TAG[len(SPLIT) :], "--lr", "3e-3", "--epochs", "8", "--batch-size", "32"]
     summary = in_process(run_dir, "--model", f"hf:{folders['bert']}", "--dataset", str(folders["more"]), *flags)
     assert summary["task"] == "tag" and summary["task_reason"] == "--task tag"
-    assert summary["test_f1"] >= 0.9 and summary["test_accuracy"] >= 0.97, summary  # measured 0.949, 0.99
+    assert summary["test_f1"] >= 0.9 and summary["test_accuracy"] >= 0.97, (
+        summary
+    )  # measured 1.0 and 1.0 (the names are whole tokens)
     assert summary["tags"] == ["B-LOC", "B-PER", "I-PER", "O"] and summary["train_samples"] == 700
     rows = [{"tokens": ["Romeo", "met", "Marcus", "Brutus", "in", "Verona"]}, {"tokens": ["the", "river"]}]
     new = write_jsonl(tmp_path / "new.jsonl", rows)

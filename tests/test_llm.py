@@ -2,7 +2,7 @@
 
 --gradient-checkpointing recomputes each transformer block's activations in the backward pass instead of
 keeping them: every block runs twice per training batch (counted here), and the weights after 8 AdamW
-steps are those of the run that kept its activations. Peak memory: benchmarks/llm_memory.py (figures).
+steps are those of the run that kept its activations. Peak memory: benchmarks/llm.py (figures).
 
 LoRA through peft (--lora-r): the tiny GPT-2's own weights stay as they were loaded, its 8 linear
 projections get adapters of rank 8 (16,384 of 150,272 parameters, said at start and in summary.json), and
@@ -174,4 +174,78 @@ def test_bad_lora_options_are_one_line_and_write_nothing(folders, tmp_path, caps
     classify = ["--model", f"hf:{folders['gpt2']}", "--dataset", str(folders["data"]), "--text-column", "text"]
     err = run_cli_error(capsys, [*classify, "--label-column", "label", "--lora-r", "8", *out])
     assert "--lora-r: LoRA adapts causal language models here (--task lm), not --task classify" in err
+    assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def loss_and_grads(model, inputs: dict, targets: torch.Tensor) -> tuple[float, int, dict]:
+    """The summed next-token cross-entropy over the targets, their count, and the gradients of their mean."""
+    model.zero_grad()
+    logits, labels = model(**inputs).logits[:, :-1].float(), targets[:, 1:]
+    total = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="sum")
+    count = int((labels != -100).sum())
+    (total / count).backward()
+    return total.item(), count, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_a_packed_batch_has_the_loss_and_gradients_of_its_texts_padded_one_a_row(folders):
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from anytrain.data.packing import PackedRows
+
+    tokenizer = AutoTokenizer.from_pretrained(folders["gpt2"])
+    texts = [json.loads(line)["text"] for line in folders["data"].read_text().splitlines()[:16]]
+    ids = [tokenizer(text)["input_ids"] for text in texts]
+    pad = tokenizer.eos_token_id  # GPT-2 has no pad token: anytrain pads with its end-of-text (hf.load_tokenizer)
+    packed = PackedRows(ids, 128, pad)  # the model's 128 positions: every text whole
+    assert len(packed) < len(ids) and packed.sequences == len(ids)  # several whole texts a row
+    model = AutoModelForCausalLM.from_pretrained(folders["gpt2"]).train()
+    model.config.use_cache = False  # as anytrain sets it for --packing: a cache turns off the mask per text
+    inputs, targets = packed.__getitems__(list(range(len(packed))))
+    packed_sum, packed_count, packed_grads = loss_and_grads(model, inputs, targets)
+    width = max(map(len, ids))
+    padded = torch.tensor([row + [pad] * (width - len(row)) for row in ids])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids])
+    padded_sum, padded_count, padded_grads = loss_and_grads(
+        model, {"input_ids": padded, "attention_mask": mask}, padded.masked_fill(mask == 0, -100)
+    )
+    assert packed_count == padded_count == sum(len(row) - 1 for row in ids)
+    grad_diff = max((packed_grads[n] - padded_grads[n]).abs().max().item() for n in padded_grads)
+    print(f"packed vs padded: loss sums {packed_sum:.6f} {padded_sum:.6f}, gradients within {grad_diff:.1e}")
+    assert packed_sum == pytest.approx(padded_sum, rel=1e-5) and grad_diff < 1e-5
+    # the control: the same rows without their position ids attend across texts, and the loss differs
+    crossed_sum, _, _ = loss_and_grads(model, {"input_ids": inputs["input_ids"]}, targets)
+    assert abs(crossed_sum - packed_sum) > 0.5 + 1000 * abs(packed_sum - padded_sum)  # measured 2.7 and 0
+
+
+def test_packed_training_keeps_every_token_and_accumulates_like_one_big_batch(folders, tmp_path, monkeypatch):
+    short = ("--max-length", "16", "--packing")  # most texts are longer than 16 tokens: split, not truncated
+    summary = in_process(
+        tmp_path / "packed", *args(folders, *short, "--batch-size", "16", "--epochs", "2", "--lr", "2e-3")
+    )
+    assert summary["truncated_train_tokens"] == 0 and summary["packed_sequences"] > summary["train_samples"] / 2
+    assert summary["val_loss"] < read_metrics(tmp_path / "packed")[0]["loss"] - 0.5  # it learns
+    reference = big_batch(args(folders, *short), tmp_path / "big")
+    check_accumulation(args(folders, *short), reference, tmp_path, monkeypatch, HFCausalLM)
+
+
+def test_without_packing_the_start_says_what_truncation_drops(folders, tmp_path, capsys):
+    summary = in_process(tmp_path / "cut", *args(folders, "--max-length", "16", "--max-steps", "1"))
+    dropped, kept = summary["truncated_train_tokens"], summary["train_tokens"]
+    assert dropped > 0 and summary["truncated_train_texts"] > 0
+    out = capsys.readouterr().out
+    assert f"--max-length 16 truncates the training texts: {dropped:,} of {dropped + kept:,} tokens" in out
+
+
+def test_packing_for_another_model_or_task_is_one_line(folders, tmp_path, capsys):
+    out = ["--output-dir", str(tmp_path / "run")]
+    err = run_cli_error(capsys, ["--packing", *out])
+    assert "--packing packs texts for transformers causal LMs (--model hf:... --task lm) only" in err
+    classify = ["--model", f"hf:{folders['gpt2']}", "--dataset", str(folders["data"]), "--text-column", "text"]
+    err = run_cli_error(capsys, [*classify, "--label-column", "label", "--packing", *out])
+    assert "--packing packs texts for causal language models (--task lm), not --task classify" in err
     assert not (tmp_path / "run").exists()

@@ -171,6 +171,12 @@ class DataConfig:
         "positions. Batches are padded to their longest text",
         bounds=POSITIVE,
     )
+    packing: bool = option(
+        False,
+        "transformers causal LMs (--task lm): texts concatenated into rows of --max-length tokens, the attention "
+        "and positions restarting at each text (no attention across texts); texts longer than a row are split "
+        "instead of truncated",
+    )
 
 
 @dataclass(frozen=True)
@@ -699,6 +705,8 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("--persistent-workers needs --num-workers > 0")
     if model.gradient_checkpointing and not model.name.startswith("hf:"):
         raise ConfigError("--gradient-checkpointing recomputes the blocks of transformers models (--model hf:...) only")
+    if data.packing and not model.name.startswith("hf:"):
+        raise ConfigError("--packing packs texts for transformers causal LMs (--model hf:... --task lm) only")
     if model.lora_r and not model.name.startswith("hf:"):
         raise ConfigError("--lora-r: LoRA adapts transformers models (--model hf:...) only")
     if model.name == "cnn" and not model.channels:

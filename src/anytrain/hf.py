@@ -202,7 +202,9 @@ def checkpoint_activations(model) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if getattr(model.config, "use_cache", None):
-        model.config.use_cache = False  # a cache of keys and values is for generating, not for training
+        model.config.use_cache = (
+            False  # a cache of keys and values is for generating, not for training (export restores it)
+        )
 
 
 def checkpoints_activations(model) -> bool:

@@ -16,6 +16,7 @@ import torch
 
 from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
+from .packing import PackedRows
 from .sources import carve_rows, opened
 from .splits import Splits
 from .targets import labelled_rows
@@ -70,6 +71,8 @@ def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> Splits
     else:
         parts = {name: (ds, None) for name, ds in carve_rows(splits, cfg, source).items()}
         num_classes, class_names = 0, None
+    if task == "lm":
+        return lm_splits(parts, cfg, tokenizer, source)
     multiple = 8 if mixed_precision() in ("fp16", "bf16") else None
 
     def tokenise(batch):
@@ -80,6 +83,41 @@ def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> Splits
         encoded = ds.map(tokenise, batched=True, remove_columns=ds.column_names, desc=f"tokenising {name}")
         rows[name] = HFRows(encoded, labels, tokenizer, multiple)
     return hf_text_splits(rows, tokenizer, num_classes, class_names, cfg.data.max_length, source, [column])
+
+
+def lm_splits(parts: dict, cfg: TrainConfig, tokenizer, source: str) -> Splits:
+    """A causal LM's texts, tokenised whole: packed into rows (--packing, data/packing.py), else truncated at
+    --max-length, the tokens that drops counted and said at start."""
+    column, max_length = cfg.data.text_column, cfg.data.max_length
+    multiple = 8 if mixed_precision() in ("fp16", "bf16") else None
+    rows, dropped = {}, {}
+    for name, (ds, _) in parts.items():
+        encoded = ds.map(
+            lambda batch: tokenizer(batch[column]),
+            batched=True,
+            remove_columns=ds.column_names,
+            desc=f"tokenising {name}",
+        )
+        lengths = np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+        dropped[name] = (int(np.maximum(lengths - max_length, 0).sum()), int(lengths.sum()))
+        if cfg.data.packing:
+            rows[name] = PackedRows(encoded["input_ids"], max_length, tokenizer.pad_token_id)
+        else:
+            cut = encoded.map(lambda b: {k: [v[:max_length] for v in b[k]] for k in b}, batched=True, desc="truncating")
+            rows[name] = HFRows(cut, None, tokenizer, multiple)
+    splits = hf_text_splits(rows, tokenizer, 0, None, max_length, source, [column])
+    lost, total = (0 if cfg.data.packing else dropped["train"][0]), dropped["train"][1]
+    splits.facts["truncated_train_tokens"] = lost
+    if cfg.data.packing:
+        train = rows["train"]
+        splits.facts.update(packed_rows=len(train), packed_sequences=train.sequences, truncated_train_texts=0)
+        splits.facts["data_path"] = "datasets.map tokenised (cached), packed into rows of --max-length"
+    elif lost:
+        splits.notes.append(
+            f"--max-length {max_length} truncates the training texts: {lost:,} of {total:,} tokens "
+            f"({lost / total:.1%}) are dropped (--packing splits long texts instead)"
+        )
+    return splits
 
 
 def hf_text_splits(rows: dict, tokenizer, num_classes: int, class_names, max_length: int, source: str, columns):

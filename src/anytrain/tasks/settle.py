@@ -159,6 +159,8 @@ def check_fits(cfg: TrainConfig, key: str, reason: str = "") -> None:
         if model.name.startswith("hf:"):
             raise ConfigError(f"--model {model.name}: transformers models train --task {', '.join(hf_tasks)} here")
         raise ConfigError(f"--task {task} trains a transformers model: --model hf:FOLDER_OR_ID")
+    if data.packing and key != "hf:lm":
+        raise ConfigError(f"--packing packs texts for causal language models (--task lm), not --task {task}")
     if model.lora_r and key != "hf:lm":
         raise ConfigError(f"--lora-r: LoRA adapts causal language models here (--task lm), not --task {task}")
     if cfg.optim.loss in ("mse", "huber") and task != "regress":

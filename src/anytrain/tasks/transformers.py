@@ -57,6 +57,9 @@ class Transformers(BaseTask):
         from .. import hf
 
         model = hf.load_model(self.cfg, self.head, self.model_config)
+        self.use_cache = getattr(model.config, "use_cache", None)  # restored for the exported model
+        if self.cfg.data.packing:  # a key-value cache turns off transformers' mask per packed text
+            model.config.use_cache = False
         if self.cfg.model.gradient_checkpointing:
             hf.checkpoint_activations(model)
         if self.cfg.model.lora_r:  # the weights frozen, adapters beside them trained
@@ -95,6 +98,8 @@ class Transformers(BaseTask):
 
         if self.cfg.model.lora_r:  # the adapter into run_dir/adapter; run_dir/hf gets the merged model
             model = lora.export(model, run_dir)
+        if getattr(self, "use_cache", None) is not None:
+            setattr(model.config, "use_cache", self.use_cache)  # generating wants its cache again
         hf.save_pretrained(model, self.tokenizer, run_dir)
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:

@@ -1,12 +1,16 @@
-"""Peak memory of fine-tuning a causal language model with and without --gradient-checkpointing (issue 28).
+"""Fine-tuning a causal language model (issue 28): peak memory with and without --gradient-checkpointing, and
+real (non-pad) tokens per second with and without --packing.
 
 A GPT-2-shaped model with random weights (6 blocks, 256 wide, 512 positions) and a byte-level BPE tokenizer
-trained on the bundled Tiny Shakespeare are built offline; the texts are Tiny Shakespeare cut into pieces of
-about 512 tokens. Each variant is a separate `src/train.py` process (batch 8 x 512 tokens, 6 optimizer steps),
-the variants interleaved over the rounds. Printed: the peak memory the run reports in summary.json (process
-max RSS on the CPU, CUDA peak allocated on a GPU), the mean optimizer step time and the final training loss.
+trained on the bundled Tiny Shakespeare are built offline. Each variant is a separate `src/train.py` process,
+the variants interleaved over the rounds.
+- memory: Tiny Shakespeare cut into pieces of about 600 tokens, truncated at 512; batch 8, 6 optimizer steps.
+  Printed: the peak memory summary.json reports (process max RSS on the CPU, CUDA peak allocated on a GPU).
+- packing: the bundled speeches (shakespeare-speakers' texts, most far shorter than a row) at --max-length
+  256, batch 8, 40 optimizer steps; padded one a row, or packed. Printed: real tokens per second (summary's
+  tokens_per_s counts the texts' tokens, never padding), the step time and the loss.
 
-    python benchmarks/llm_memory.py [--rounds 2] [--out runs/bench_llm_memory]
+    python benchmarks/llm.py [--rounds 2] [--out runs/bench_llm]
 """
 
 import json
@@ -15,8 +19,14 @@ from pathlib import Path
 
 import toolkit
 
-VARIANTS = {"kept activations": [], "gradient checkpointing": ["--gradient-checkpointing"]}
-STEPS = 6
+MEMORY = ["--dataset", "{texts}", "--text-column", "text", "--max-length", "512", "--max-steps", "6"]
+SPEECHES = ["--dataset", "shakespeare-speakers", "--max-length", "256", "--max-steps", "40"]
+VARIANTS = {
+    "kept activations": MEMORY,
+    "gradient checkpointing": [*MEMORY, "--gradient-checkpointing"],
+    "speeches padded": SPEECHES,
+    "speeches packed": [*SPEECHES, "--packing"],
+}
 
 
 def tokenizer(texts: list[str]):
@@ -57,10 +67,9 @@ def build(folder: Path) -> Path:
 def run(folder: Path, name: str, r: int) -> dict:
     run_dir = folder / f"{name.replace(' ', '_')}_{r}"
     options = [
-        *("--model", f"hf:{folder / 'model'}", "--dataset", str(folder / "texts.jsonl"), "--text-column", "text"),
-        *("--task", "lm", "--max-length", "512", "--batch-size", "8", "--max-steps", str(STEPS)),
-        *("--log-every-steps", "1", "--no-plot", "--no-progress", "--output-dir", str(run_dir), "--overwrite"),
-        *VARIANTS[name],
+        *("--model", f"hf:{folder / 'model'}", "--task", "lm", "--batch-size", "8", "--log-every-steps", "1"),
+        *("--no-plot", "--no-progress", "--output-dir", str(run_dir), "--overwrite"),
+        *(option.format(texts=folder / "texts.jsonl") for option in VARIANTS[name]),
     ]
     with (folder / f"{run_dir.name}.log").open("w") as log:
         rec, _ = toolkit.run_process(toolkit.launch_cmd("cpu.yaml", toolkit.TRAIN, *options), log)
@@ -71,17 +80,17 @@ def run(folder: Path, name: str, r: int) -> dict:
     return {
         "peak_memory_bytes": summary["peak_memory_bytes"],
         "peak_memory_kind": summary["peak_memory_kind"],
-        "step_s": summary["train_seconds"] / STEPS,
+        "step_s": summary["train_seconds"] / summary["optimizer_steps"],
+        "tokens_per_s": summary["tokens_per_s"],
         "loss": train[-1]["loss"],
-        "checkpointing": summary["gradient_checkpointing"],
     }
 
 
 def main() -> None:
-    args = toolkit.parser(__doc__, rounds=2, out="runs/bench_llm_memory").parse_args()
+    args = toolkit.parser(__doc__, rounds=2, out="runs/bench_llm").parse_args()
     folder = build(toolkit.out_dir(args.out))
     results = toolkit.interleave(list(VARIANTS), args.rounds, lambda name, r: run(folder, name, r))
-    print(f"{'variant':24} {'peak memory':>14} {'step':>8} {'last loss':>10}")
+    print(f"{'variant':24} {'peak memory':>14} {'step':>8} {'real tokens/s':>14} {'last loss':>10}")
     for name, rounds in results.items():
         ok = [x for x in rounds if "error" not in x]
         if not ok:
@@ -89,7 +98,12 @@ def main() -> None:
             continue
         peak = max(x["peak_memory_bytes"] for x in ok) / 2**20
         step = statistics.median(x["step_s"] for x in ok)
-        print(f"{name:24} {peak:>10,.0f} MiB {step:>7.2f}s {ok[0]['loss']:>10.4f}  ({ok[0]['peak_memory_kind']})")
+        rate = statistics.median(x["tokens_per_s"] for x in ok)
+        print(f"{name:24} {peak:>10,.0f} MiB {step:>7.3f}s {rate:>14,.0f} {ok[0]['loss']:>10.4f}")
+    padded, packed = (
+        statistics.median(x["tokens_per_s"] for x in results[k]) for k in ("speeches padded", "speeches packed")
+    )
+    print(f"packing: {packed / padded:.2f}x the padded run's real tokens per second")
     toolkit.write_json(folder / "results.json", results)
 
 
