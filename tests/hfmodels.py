@@ -1,5 +1,6 @@
-"""Tiny random transformers models for the tests, built offline: a tokenizer trained with Hugging Face
-`tokenizers` on the generated texts (tests/textdata.py) and on a slice of the bundled Tiny Shakespeare,
+"""Tiny random transformers models for the tests, built offline: a tokenizer for the generated texts
+(tests/textdata.py) and a slice of the bundled Tiny Shakespeare (GPT-2's a byte-level BPE trained with
+Hugging Face `tokenizers`; BERT's and BART's a WordPiece vocabulary made here, in a fixed order),
 then a BERT (for classify) and a GPT-2 (for lm) of about 150,000 parameters, dropout off (the
 equality tests compare weights), from transformers' config classes, saved with save_pretrained to a
 folder as a hub download would be."""

@@ -120,3 +120,16 @@ def test_the_guide_lists_every_task_with_its_module_and_lines():
         [sys.executable, str(root / "scripts" / "task_table.py")], capture_output=True, text=True, timeout=60
     ).stdout.strip()
     assert rows.count("\n") + 1 == len(REGISTRY) and rows in (root / "docs" / "guide.md").read_text()
+
+
+def test_the_guide_names_every_option_in_its_section():
+    """docs/guide.md's 'Which option is in which section' table: each section's row names exactly its fields."""
+    import dataclasses
+
+    guide, cfg = (SRC.parents[1] / "docs" / "guide.md").read_text(), TrainConfig()
+    for section in ("data", "model", "optim", "eval", "run"):
+        row = re.search(rf"^\| `{section}` \| (.*) \|$", guide, re.M)
+        assert row, f"no row for the {section} section"
+        listed = {re.sub(r" \(.*\)$", "", name.strip()) for name in row.group(1).split(",")}
+        fields = {f.name for f in dataclasses.fields(getattr(cfg, section))}
+        assert listed == fields, (section, listed ^ fields)

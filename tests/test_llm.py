@@ -248,4 +248,8 @@ def test_packing_for_another_model_or_task_is_one_line(folders, tmp_path, capsys
     classify = ["--model", f"hf:{folders['gpt2']}", "--dataset", str(folders["data"]), "--text-column", "text"]
     err = run_cli_error(capsys, [*classify, "--label-column", "label", "--packing", *out])
     assert "--packing packs texts for causal language models (--task lm), not --task classify" in err
+    err = run_cli_error(
+        capsys, [*args(folders, "--packing", "--max-length", "256"), *out]
+    )  # rows longer than positions
+    assert "--max-length 256 exceeds the 128 positions of hf:" in err
     assert not (tmp_path / "run").exists()
