@@ -27,6 +27,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from .best import changing_tensors
 from .config import OPTIONS, ConfigError, TrainConfig, saved_options
 from .files import write_atomically
 
@@ -127,8 +128,7 @@ def save_what_trains(accelerator) -> None:
         for model, state in zip(models, weights):
             if all(p.requires_grad for p in model.parameters()):
                 continue
-            trained = {name for name, p in model.named_parameters() if p.requires_grad}
-            trained |= {name for name, _ in model.named_buffers()}
+            trained = changing_tensors(model)  # the same tensors a best-validation copy holds
             for name in [name for name in state if name not in trained]:
                 del state[name]
 

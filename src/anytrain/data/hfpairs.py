@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from ..config import TrainConfig
 from ..shape import DataShape
-from .hftext import mixed_precision
+from .hftext import pad_multiple
 from .sources import carve_rows, opened, rows_to_predict
 from .splits import Splits
 from .textcls import check_texts
@@ -73,7 +73,7 @@ def pair_splits(cfg: TrainConfig, tokenizer, decoder_start: int, given=None) -> 
     for name, ds in splits.items():
         check_texts(ds, source, source_name, name, label_column=target)
         check_texts(ds, target, source_name, name, flag="--label-column")
-    multiple = 8 if mixed_precision() in ("fp16", "bf16") else None
+    multiple = pad_multiple()
     parts = carve_rows(splits, cfg, source_name)
     rows = {
         name: PairRows(encode(ds, tokenizer, source, target, cfg.data.max_length), tokenizer, multiple, decoder_start)

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 
 from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
-from .hftext import mixed_precision
+from .hftext import pad_multiple
 from .sources import carve_rows, opened, rows_to_predict
 from .splits import Splits
 from .tagging import align_labels, check_tagged
@@ -109,7 +109,7 @@ def tagged_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
         raise ConfigError("dataset: token classification reads --dataset (a datasets object is not supported yet)")
     parts, source, names, ids = load_tagged_splits(cfg, tokenizer)
     words = cfg.data.text_column or WORDS
-    multiple = 8 if mixed_precision() in ("fp16", "bf16") else None
+    multiple = pad_multiple()
     rows = {
         name: TaggedRows(
             encode(ds, tokenizer, words, cfg.data.label_column, ids, cfg.data.max_length), tokenizer, multiple

@@ -73,7 +73,7 @@ def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> Splits
         num_classes, class_names = 0, None
     if task == "lm":
         return lm_splits(parts, cfg, tokenizer, source)
-    multiple = 8 if mixed_precision() in ("fp16", "bf16") else None
+    multiple = pad_multiple()
 
     def tokenise(batch):
         return tokenizer(batch[column], truncation=True, max_length=cfg.data.max_length)
@@ -89,7 +89,7 @@ def lm_splits(parts: dict, cfg: TrainConfig, tokenizer, source: str) -> Splits:
     """A causal LM's texts, tokenised whole: packed into rows (--packing, data/packing.py), else truncated at
     --max-length, the tokens that drops counted and said at start."""
     column, max_length = cfg.data.text_column, cfg.data.max_length
-    multiple = 8 if mixed_precision() in ("fp16", "bf16") else None
+    multiple = pad_multiple()
     rows, dropped = {}, {}
     for name, (ds, _) in parts.items():
         encoded = ds.map(
@@ -151,6 +151,11 @@ def hf_text_splits(rows: dict, tokenizer, num_classes: int, class_names, max_len
         tokenizer=tokenizer,
         tokens_per_sample=per_text,
     )
+
+
+def pad_multiple() -> int | None:
+    """Batches padded to a multiple of 8 under fp16/bf16 (tensor cores), to their longest row otherwise."""
+    return 8 if mixed_precision() in ("fp16", "bf16") else None
 
 
 def mixed_precision() -> str:
