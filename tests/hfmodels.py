@@ -214,3 +214,51 @@ def tiny_vit(folder: Path, image_size: int = 16, seed: int = 0) -> Path:
     size = {"height": image_size, "width": image_size}
     ViTImageProcessor(size=size, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(folder)
     return folder
+
+
+CHATML = (  # the chat template of the tests' chat models (ChatML, as Qwen's and SmolLM's)
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chat_tokenizer():
+    """The GPT-2 test tokenizer with ChatML's turn markers as special tokens and its chat template."""
+    tokenizer = gpt2_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def llama_config(tokenizer, width: int = 64, layers: int = 2, positions: int = POSITIONS):
+    """A Llama-style decoder (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention), dropout off."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=width,
+        intermediate_size=width * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+        attention_dropout=0.0,
+    )
+
+
+def tiny_llama(folder: Path, seed: int = 0, width: int = 64, layers: int = 2, chat: bool = True) -> Path:
+    """A Llama-style causal LM of about 100,000 parameters (at width 64), with the chat tokenizer (or, chat=False,
+    the same tokenizer without a chat template), as a hub checkpoint."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    tokenizer = chat_tokenizer()
+    if not chat:
+        tokenizer.chat_template = None
+    torch.manual_seed(seed)
+    LlamaForCausalLM(llama_config(tokenizer, width, layers)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

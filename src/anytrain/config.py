@@ -69,15 +69,17 @@ class DataConfig:
         "auto",
         "what to learn: one of the registry's tasks (README 'Tasks'): classify, regress, multilabel or lm (next-token "
         "language modelling), and with a transformers model (--model hf:...) also the tasks it adds, such as tag "
-        "(token classification); auto = lm for --model gpt and for text without labels (shakespeare, .txt, "
-        "--text-column alone); otherwise the labels decide when the data is read: several label columns or "
+        "(token classification) or sft (chats: loss on the answers); auto = lm for --model gpt and for text "
+        "without labels (shakespeare, .txt, --text-column alone), sft for a 'messages' column of chats or prompt "
+        "and completion columns; otherwise the labels decide when the data is read: several label columns or "
         "non-integer numbers = regress, lists = multilabel, else classify (--text-column with --label-column, or "
         "shakespeare-speakers, classifies text)",
     )
     dataset: str = option(
         "digits",
         "'digits' (bundled UCI digits), 'shakespeare' (bundled Tiny Shakespeare), 'shakespeare-speakers' (who "
-        "speaks: its speeches of the 8 most frequent speakers, text classification), 'synthetic', a local "
+        "speaks: its speeches of the 8 most frequent speakers, text classification), 'instructions' (4,000 "
+        "generated chats with answers checked exactly, for --task sft), 'synthetic', a local "
         "parquet/csv/json/txt file, a folder of them or a save_to_disk folder, or a hub dataset name",
         model_parallel=True,
     )
@@ -173,9 +175,9 @@ class DataConfig:
     )
     packing: bool = option(
         False,
-        "transformers causal LMs (--task lm): texts concatenated into rows of --max-length tokens, the attention "
-        "and positions restarting at each text (no attention across texts); texts longer than a row are split "
-        "instead of truncated",
+        "transformers causal LMs (--task lm or sft): texts (chats) concatenated into rows of --max-length tokens, "
+        "the attention and positions restarting at each text (no attention across texts); texts longer than a row "
+        "are split instead of truncated",
     )
 
 
@@ -228,8 +230,8 @@ class ModelConfig:
     )
     lora_r: int = option(
         0,
-        "transformers causal LMs: train LoRA adapters of this rank (through peft) beside the frozen weights; "
-        "0 = full fine-tuning",
+        "transformers causal LMs (--task lm or sft): train LoRA adapters of this rank (through peft) beside the "
+        "frozen weights; 0 = full fine-tuning",
         bounds=NON_NEGATIVE,
     )
     lora_alpha: float = option(16.0, "LoRA: the adapters' output is scaled by alpha / r", bounds=POSITIVE)
@@ -706,7 +708,7 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
     if model.gradient_checkpointing and not model.name.startswith("hf:"):
         raise ConfigError("--gradient-checkpointing recomputes the blocks of transformers models (--model hf:...) only")
     if data.packing and not model.name.startswith("hf:"):
-        raise ConfigError("--packing packs texts for transformers causal LMs (--model hf:... --task lm) only")
+        raise ConfigError("--packing packs texts for transformers causal LMs (--model hf:... --task lm or sft) only")
     if model.lora_r and not model.name.startswith("hf:"):
         raise ConfigError("--lora-r: LoRA adapts transformers models (--model hf:...) only")
     if model.name == "cnn" and not model.channels:

@@ -8,6 +8,7 @@ attention mask: transformers then builds a causal mask per sequence from the pos
 and eager attention; flash-attention is not needed), so a token attends to the tokens of its own text
 only. The first token of each sequence is no target (label -100), as in a text of its own, so the
 token-weighted loss of a packed batch equals that of the same texts padded one a row (tests/test_llm.py).
+Chats (--task sft) come with their own labels (-100 outside the answers), which the rows keep.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ def row_layout(sizes: np.ndarray, max_length: int) -> np.ndarray:
 
 class PackedRows(torch.utils.data.Dataset):
     """Rows of max_length tokens: inputs {input_ids, position_ids} (no attention mask), targets the ids with
-    -100 at each sequence's first token and on padding."""
+    -100 at each sequence's first token and on padding (and where `label_lists`, when given, say -100)."""
 
-    def __init__(self, token_lists: list[list[int]], max_length: int, pad_id: int):
+    def __init__(self, token_lists: list[list[int]], max_length: int, pad_id: int, label_lists=None):
         lengths = np.array([len(ids) for ids in token_lists], dtype=np.int64)
         texts, starts = pieces(lengths, max_length)
         sizes = np.minimum(lengths[texts] - starts, max_length)
@@ -58,7 +59,8 @@ class PackedRows(torch.utils.data.Dataset):
             ids = torch.tensor(token_lists[text][start : start + size], dtype=torch.long)
             self.input_ids[row, at : at + size] = ids
             self.position_ids[row, at : at + size] = torch.arange(size)
-            self.targets[row, at + 1 : at + size] = ids[1:]
+            labels = ids if label_lists is None else torch.tensor(label_lists[text][start : start + size])
+            self.targets[row, at + 1 : at + size] = labels[1:]
             used[row] += size
         if count:
             tail = torch.arange(max_length) >= torch.as_tensor(used)[:, None]  # each row's padding

@@ -132,6 +132,10 @@ def open_dataset(name: str, streaming: bool = False, folder=None):
         from .speakers import NUM_SPEAKERS, load_speakers
 
         return load_speakers(), f"{name} (bundled Tiny Shakespeare: who speaks, {NUM_SPEAKERS} speakers)"
+    if name == "instructions":
+        from .instructions import ROWS, load_instructions
+
+        return load_instructions(), f"{name} (bundled: {ROWS} generated chats with checkable answers)"
     path = Path(name).expanduser()
     try:
         if path.is_dir():

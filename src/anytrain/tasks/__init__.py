@@ -9,6 +9,7 @@
     hf:tag       hf_tag.py       a transformers token classifier on tagged words; entity P/R/F1
     hf:mlm       hf_mlm.py       a transformers masked LM on your text (domain adaptation); perplexity
     hf:seq2seq   hf_seq2seq.py   a transformers encoder-decoder on source and target texts; exact match, BLEU
+    hf:sft       hf_sft.py       a transformers causal LM on chats (loss on the answers); exact match by generation
     hf:classify-images  hf_image.py  a transformers vision model with its image processor (--task classify on images)
 
 A task implements base.Task (the written contract); settle.py decides which registry line a run uses,
@@ -24,6 +25,7 @@ from .hf_image import HFImageClassification
 from .hf_lm import HFCausalLM
 from .hf_mlm import MaskedLM
 from .hf_seq2seq import Seq2Seq
+from .hf_sft import SupervisedFineTuning
 from .hf_tag import TokenClassification
 from .hf_text import HFClassification
 from .lm import LanguageModel
@@ -40,6 +42,7 @@ REGISTRY: dict[str, type[BaseTask]] = {
     "hf:tag": TokenClassification,
     "hf:mlm": MaskedLM,
     "hf:seq2seq": Seq2Seq,
+    "hf:sft": SupervisedFineTuning,
     "hf:classify-images": HFImageClassification,
 }
 META_KEY = "task_module"  # the registry line of a run, saved with its weights

@@ -97,6 +97,9 @@ def chosen_task(cfg: TrainConfig, given=None) -> tuple[str, str]:
     said = task_from_options(cfg)
     if said is not None:
         return said
+    chats = chat_columns(cfg, given)
+    if chats is not None:
+        return "sft", f"auto: {chats}"
     labels = training_labels(cfg, given)
     if labels is None:
         return "classify", "auto"
@@ -117,6 +120,22 @@ def task_from_options(cfg: TrainConfig) -> tuple[str, str] | None:
     if is_text_dataset(cfg.data.dataset, cfg.data.text_column) and not (cfg.data.text_column and labelled):
         return "lm", "auto: text without labels"
     return None
+
+
+def chat_columns(cfg: TrainConfig, given=None) -> str | None:
+    """What makes the data chats (TRL's columns: messages, or prompt and completion), or None."""
+    from ..data.chats import MESSAGES, chat_format
+    from ..data.sources import ImageFolder, opened
+
+    if cfg.data.streaming or (
+        given is None and (cfg.data.dataset == "synthetic" or ImageFolder.scan(cfg.data.dataset))
+    ):
+        return None
+    train = opened(cfg, given)[0]["train"]
+    form = chat_format(train.column_names, train.features, cfg.data.text_column)
+    if form == MESSAGES:
+        return f"a '{cfg.data.text_column or MESSAGES}' column of messages"
+    return None if form is None else "prompt and completion columns"
 
 
 def holds_images(cfg: TrainConfig, given=None) -> bool:
@@ -159,10 +178,10 @@ def check_fits(cfg: TrainConfig, key: str, reason: str = "") -> None:
         if model.name.startswith("hf:"):
             raise ConfigError(f"--model {model.name}: transformers models train --task {', '.join(hf_tasks)} here")
         raise ConfigError(f"--task {task} trains a transformers model: --model hf:FOLDER_OR_ID")
-    if data.packing and key != "hf:lm":
-        raise ConfigError(f"--packing packs texts for causal language models (--task lm), not --task {task}")
-    if model.lora_r and key != "hf:lm":
-        raise ConfigError(f"--lora-r: LoRA adapts causal language models here (--task lm), not --task {task}")
+    if data.packing and key not in ("hf:lm", "hf:sft"):
+        raise ConfigError(f"--packing packs texts for causal language models (--task lm or sft), not --task {task}")
+    if model.lora_r and key not in ("hf:lm", "hf:sft"):
+        raise ConfigError(f"--lora-r: LoRA adapts causal language models here (--task lm or sft), not --task {task}")
     if cfg.optim.loss in ("mse", "huber") and task != "regress":
         said = f"--task {task} has its own (--loss auto)" if "task" in cfg.given else f"this data is a {task} task"
         raise ConfigError(f"--loss {cfg.optim.loss} is a regression loss; {said}")

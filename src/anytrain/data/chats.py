@@ -1,0 +1,261 @@
+"""Chats and instructions for a transformers causal LM (`--task sft`), in the two forms TRL reads:
+
+    messages            a list of {"role": system|user|assistant, "content": text} per row (the column's
+                        name: --text-column, default `messages`); rendered by the model's chat template
+    prompt, completion  text (the completion follows the prompt, then the end-of-text token), or lists of
+                        messages (the prompt's rendered with the template's generation prompt)
+
+The loss is on the assistant's (or the completion's) tokens only: a conversation is rendered once, each
+assistant turn's characters found by rendering the turns before it (with the generation prompt) and the
+turns through it, and a token is a target when its first character lies in such a span, so the turn's
+end-of-turn token is learned too (the model learns to stop). Every other token's target is -100.
+
+The training split is packed (--packing, data/packing.py: conversations whole into rows, long ones split)
+or truncated at --max-length; validation and test keep one conversation a row, truncated at --max-length,
+so that evaluation can generate each one's last answer from what precedes it (tasks/hf_sft.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..config import ConfigError, TrainConfig, first_line
+from ..shape import DataShape
+from .hftext import pad_multiple
+from .packing import PackedRows
+from .sources import carve_rows, opened
+from .splits import Splits
+
+IGNORE = -100  # transformers' label for "no loss here"
+ROLES = ("system", "user", "assistant")
+MESSAGES, PROMPT, COMPLETION = "messages", "prompt", "completion"
+
+
+def chat_format(columns: list[str], features, text_column: str = "") -> str | None:
+    """'messages' for a column of message lists (--text-column, default `messages`), 'prompt-completion' for
+    prompt and completion columns, else None (not chat data)."""
+    import datasets
+
+    name = text_column or MESSAGES
+    if name in columns and not isinstance(features[name], datasets.Value):
+        return MESSAGES
+    if PROMPT in columns and COMPLETION in columns:
+        return "prompt-completion"
+    return None
+
+
+def check_messages(messages, where: str) -> None:
+    """A conversation: a non-empty list of {role, content} with known roles and at least one assistant turn."""
+    if not isinstance(messages, list) or not messages:
+        raise ConfigError(f"{where}: expected a list of {{role, content}} messages, got {type(messages).__name__}")
+    for turn in messages:
+        role = turn.get("role") if isinstance(turn, dict) else None
+        if role not in ROLES:
+            raise ConfigError(f"{where}: unknown role {role!r} (roles: {', '.join(ROLES)})")
+        if not isinstance(turn.get("content"), str):
+            raise ConfigError(f"{where}: a {role} message without text content")
+    if not any(turn["role"] == "assistant" for turn in messages):
+        raise ConfigError(f"{where}: no assistant turn, so nothing to learn from it")
+
+
+def render(tokenizer, messages: list, generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def chat_spans(tokenizer, messages: list, learn_from: int, where: str) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation's text and the character spans of its assistant turns from index `learn_from` on."""
+    try:
+        text = render(tokenizer, messages)
+        spans = []
+        for k, turn in enumerate(messages):
+            if turn["role"] != "assistant" or k < learn_from:
+                continue
+            before, through = render(tokenizer, messages[:k], True), render(tokenizer, messages[: k + 1])
+            if not (text.startswith(through) and through.startswith(before)):
+                raise ConfigError(
+                    f"{where}: the model's chat template renders turn {k} differently as the conversation goes on "
+                    "(it rewrites earlier turns), so its answer cannot be found in the text"
+                )
+            spans.append((len(before), len(through)))
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a template raises what its author chose (roles out of order, ...)
+        raise ConfigError(f"{where}: the model's chat template cannot render it ({first_line(e)})") from None
+    return text, spans
+
+
+class Renderer:
+    """A split's rows -> (text, learned character spans), one format, checked row by row."""
+
+    def __init__(self, form: str, column: str, tokenizer, source: str, split: str):
+        self.form, self.column, self.tokenizer, self.source, self.split = form, column, tokenizer, source, split
+
+    def __call__(self, row: dict, index: int) -> tuple[str, list[tuple[int, int]]]:
+        where = f"--dataset: row {index} of the {self.split} split of {self.source}"
+        if self.form == MESSAGES:
+            check_messages(row[self.column], f"{where}, column '{self.column}'")
+            return chat_spans(self.tokenizer, row[self.column], 0, where)
+        prompt, completion = row[PROMPT], row[COMPLETION]
+        if isinstance(prompt, str) and isinstance(completion, str):
+            if not prompt.strip() or not completion.strip():
+                raise ConfigError(f"{where}: an empty prompt or completion")
+            text = prompt + completion + (self.tokenizer.eos_token or "")
+            return text, [(len(prompt), len(text))]
+        if isinstance(prompt, list) and isinstance(completion, list):
+            check_messages(prompt + completion, f"{where}, columns prompt + completion")
+            return chat_spans(self.tokenizer, prompt + completion, len(prompt), where)
+        raise ConfigError(f"{where}: prompt and completion must both be text or both be lists of messages")
+
+
+def tokenise(tokenizer, text: str, spans: list[tuple[int, int]], plain: bool) -> tuple[list[int], list[int]]:
+    """The text's ids and labels: a token's own id where its first character is in a span, else -100."""
+    enc = tokenizer(text, add_special_tokens=plain, return_offsets_mapping=True)
+    labels = [
+        token if end > start and any(a <= start < b for a, b in spans) else IGNORE
+        for token, (start, end) in zip(enc["input_ids"], enc["offset_mapping"])
+    ]
+    return enc["input_ids"], labels
+
+
+def encode_split(ds, renderer: Renderer):
+    """The split's rows as a datasets.Dataset of input_ids and labels (errors name the row as read)."""
+    import datasets
+
+    if len(ds) == 0:
+        raise ConfigError(f"--dataset: the {renderer.split} split of {renderer.source} is empty")
+    plain = not templated(renderer.form, ds)
+    ids, labels = [], []
+    for index, row in enumerate(ds):
+        row_ids, row_labels = tokenise(renderer.tokenizer, *renderer(row, index), plain)
+        ids.append(row_ids)
+        labels.append(row_labels)
+    return datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
+
+
+class ChatRows(Dataset):
+    """Tokenised conversations, one a row: `__getitems__` pads a batch on the right (input_ids with the pad
+    id, attention_mask, targets -100), to a multiple of `multiple` when given."""
+
+    def __init__(self, ids: list[list[int]], labels: list[list[int]], pad_id: int, multiple: int | None):
+        self.ids, self.labels, self.pad_id, self.multiple = ids, labels, pad_id, multiple
+        self.lengths = np.array([len(row) for row in ids], dtype=np.int64)
+        self.targets_per_row = np.array([sum(t != IGNORE for t in row[1:]) for row in labels], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitems__(self, indices: list[int]):
+        width = int(self.lengths[indices].max())
+        if self.multiple:
+            width = -(-width // self.multiple) * self.multiple
+        input_ids = torch.full((len(indices), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(indices), width), dtype=torch.long)
+        targets = torch.full((len(indices), width), IGNORE, dtype=torch.long)
+        for k, index in enumerate(indices):
+            n = len(self.ids[index])
+            input_ids[k, :n], mask[k, :n] = torch.tensor(self.ids[index]), 1
+            targets[k, :n] = torch.tensor(self.labels[index])
+        return {"input_ids": input_ids, "attention_mask": mask}, targets
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing is random in a conversation's tokens."""
+
+
+def stop_ids(tokenizer, labels: list[list[int]]) -> list[int]:
+    """Where generation stops: the end-of-text token and the special tokens the answers end with (the
+    template's end-of-turn token)."""
+    special = set(tokenizer.all_special_ids)
+    learned = {t for row in labels for t in row if t in special}
+    return sorted(learned | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
+
+
+def templated(form: str, ds) -> bool:
+    """Whether the rows are chats, rendered by the chat template (prompt/completion text is not)."""
+    return form == MESSAGES or not isinstance(ds[0][PROMPT], str)
+
+
+def check_tokenizer(cfg: TrainConfig, tokenizer, form: str, ds) -> None:
+    if not tokenizer.is_fast:
+        raise ConfigError(f"--model {cfg.model.name}: --task sft needs a fast tokenizer (tokenizer.json)")
+    if templated(form, ds) and not tokenizer.chat_template:
+        raise ConfigError(
+            f"--model {cfg.model.name}: its tokenizer has no chat template, which chats (lists of messages) need: "
+            "save one with the tokenizer (tokenizer.chat_template), or give prompt/completion text columns"
+        )
+
+
+def chat_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
+    """The chats read, checked, carved and tokenised: Splits whose batches are (model inputs, target ids)."""
+    splits, source = opened(cfg, given)
+    train = splits["train"]
+    form = chat_format(train.column_names, train.features, cfg.data.text_column)
+    if form is None:
+        raise ConfigError(
+            f"--task sft: {source} has neither a '{cfg.data.text_column or MESSAGES}' column of messages nor prompt "
+            f"and completion columns (columns: {', '.join(train.column_names)})"
+        )
+    column = (cfg.data.text_column or MESSAGES) if form == MESSAGES else PROMPT
+    check_tokenizer(cfg, tokenizer, form, train)
+    max_length, multiple = cfg.data.max_length, pad_multiple()
+    encoded = {name: encode_split(ds, Renderer(form, column, tokenizer, source, name)) for name, ds in splits.items()}
+    rows, dropped, stops = {}, 0, []
+    for name, ds in carve_rows(encoded, cfg, source).items():
+        ids, labels = ds["input_ids"], ds["labels"]
+        if name == "train":
+            stops = stop_ids(tokenizer, labels)
+            dropped = sum(t != IGNORE for row in labels for t in row[max_length:])
+            if cfg.data.packing:
+                rows[name] = PackedRows(ids, max_length, tokenizer.pad_token_id, labels)
+                continue
+        cut = [r[:max_length] for r in ids], [r[:max_length] for r in labels]
+        rows[name] = ChatRows(*cut, tokenizer.pad_token_id, multiple)
+    meta = {
+        "stop_ids": json.dumps(stops),
+        "chat_format": form,
+        "chat_template": "yes" if templated(form, train) else "no",
+    }
+    return splits_of(rows, cfg, tokenizer, source, (form, column, meta), dropped)
+
+
+def splits_of(rows: dict, cfg: TrainConfig, tokenizer, source: str, chats: tuple, dropped: int) -> Splits:
+    """Splits of tokenised chats (`chats`: their format, column and the metadata saved with the weights)."""
+    (form, column, meta), train = chats, rows["train"]
+    packed = cfg.data.packing
+    facts = {
+        "tokenizer": f"{type(tokenizer).__name__} (the model's own)",
+        "vocab_size": len(tokenizer),
+        "chat_format": form,
+        "chat_template": "the model's own" if meta["chat_template"] == "yes" else None,
+        "train_samples": len(train),
+        "train_tokens": int(train.lengths.sum()),
+        "train_target_tokens": int(train.targets_per_row.sum()),
+        "truncated_train_tokens": 0 if packed else dropped,
+        "data_path": "rendered and tokenised, "
+        + ("packed into rows of --max-length" if packed else "padded per batch"),
+    }
+    if packed:
+        facts.update(packed_rows=len(train), packed_sequences=train.sequences)
+    shape = DataShape(
+        "tokens", vocab_size=len(tokenizer), max_length=cfg.data.max_length, pad_id=tokenizer.pad_token_id
+    )
+    splits = Splits.of(
+        rows,
+        shape,
+        source,
+        input_columns=[column],
+        facts=facts,
+        metadata=meta,
+        tokenizer=tokenizer,
+        tokens_per_sample=float(train.lengths.mean()),
+    )
+    if dropped and not packed:
+        total = int(sum(train.targets_per_row)) + dropped
+        splits.notes.append(
+            f"--max-length {cfg.data.max_length} truncates the training chats: {dropped:,} of {total:,} answer tokens "
+            f"({dropped / total:.1%}) are dropped (--packing splits long chats instead)"
+        )
+    return splits

@@ -1,0 +1,130 @@
+"""sft: supervised fine-tuning of a transformers causal LM on chats or prompt/completion pairs (data/chats.py).
+The loss is on the answers' tokens only, the mean over every answer token of the optimizer step's global
+batch (hf:lm's token weighting: transformers' loss with num_items_in_batch). Evaluation also generates
+each held-out conversation's last answer from the turns before it (greedy, stopping at the template's
+end-of-turn token): exact match of the stripped texts, and the first few in the log. `anytrain sample`
+puts the prompt in a user turn of the chat template and prints the reply."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from ..config import ConfigError
+from ..data.splits import Splits
+from .hf_lm import HFCausalLM
+from .hf_seq2seq import unwrapped
+
+IGNORE = -100
+SHOWN = 3  # generations printed after each evaluation
+
+
+def last_answer(ids: torch.Tensor, targets: torch.Tensor, length: int) -> tuple[list[int], list[int]]:
+    """(the tokens before a row's last answer, the answer's tokens): the answer is the row's last run of targets."""
+    learned = (targets != IGNORE).nonzero().flatten().tolist()
+    if not learned:  # truncation left no answer: the whole row is the prompt, nothing is expected
+        return ids[:length].tolist(), []
+    start = end = learned[-1]
+    while start > 0 and targets[start - 1] != IGNORE:
+        start -= 1
+    return ids[:start].tolist(), ids[start : end + 1].tolist()
+
+
+class SupervisedFineTuning(HFCausalLM):
+    name = "sft"
+    stops: list[int] = []
+    shown: list[str] = []
+
+    def load_data(self, given=None) -> Splits:
+        from .. import hf
+        from ..data.chats import chat_splits
+
+        self.tokenizer = hf.load_tokenizer(self.cfg)
+        self.data = chat_splits(self.cfg, self.tokenizer, given)
+        self.model_config = self.checked_config(self.tokenizer.pad_token_id)
+        self.stops = json.loads(self.data.metadata["stop_ids"])
+        return self.data
+
+    def generate(self, model: nn.Module, prompts: list[list[int]], new_tokens: int, **sampling) -> list[str]:
+        """Each prompt's reply (left-padded into one batch), cut at the first stop token, decoded. A prompt keeps
+        its last tokens where it and the reply would not fit the model's positions."""
+        from ..hf import max_positions
+
+        positions = max_positions(unwrapped(model).config) or len(max(prompts, key=len)) + new_tokens
+        new_tokens = max(1, min(new_tokens, positions - 1))
+        prompts = [p[-(positions - new_tokens) :] for p in prompts]
+        width, pad = max(len(p) for p in prompts), self.tokenizer.pad_token_id
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for k, prompt in enumerate(prompts):
+            ids[k, width - len(prompt) :], mask[k, width - len(prompt) :] = torch.tensor(prompt), 1
+        device = next(model.parameters()).device
+        out = cast(Any, unwrapped(model)).generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=new_tokens,
+            eos_token_id=self.stops,
+            pad_token_id=pad,
+            use_cache=True,  # off in the config while packing trains; generating wants it
+            **sampling,
+        )
+        replies = []
+        for row in out[:, width:].tolist():
+            ends = [k for k, token in enumerate(row) if token in self.stops]
+            replies.append(self.tokenizer.decode(row[: ends[0] if ends else len(row)], skip_special_tokens=True))
+        return replies
+
+    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
+        """The answers' loss and accuracy (teacher-forced), then each row's last answer generated: exact match."""
+        stats = super().eval_batch(model, inputs, targets, forward)
+        lengths = inputs["attention_mask"].sum(1).tolist()
+        pairs = [last_answer(*row) for row in zip(inputs["input_ids"].cpu(), targets.cpu(), lengths)]
+        replies = self.generate(model, [p for p, _ in pairs], max(len(a) for _, a in pairs), do_sample=False)
+        expected = [self.tokenizer.decode(answer, skip_special_tokens=True).strip() for _, answer in pairs]
+        exact = [reply.strip() == answer for reply, answer in zip(replies, expected)]
+        stats["exact_match"] = torch.tensor(exact, dtype=torch.float64, device=targets.device)
+        if not self.shown:  # the first rows of the evaluation, for the log
+            for (prompt, _), reply, answer in list(zip(pairs, replies, expected))[:SHOWN]:
+                asked = self.tokenizer.decode(prompt, skip_special_tokens=True).strip().replace("\n", " | ")
+                self.shown.append(f"  ...{asked[-60:]!r} -> {reply.strip()!r} (expected {answer!r})")
+        return stats
+
+    def metrics(self, sums: dict, count: int) -> dict:
+        from accelerate.state import PartialState
+        from tqdm.auto import tqdm
+
+        if self.shown and PartialState().is_main_process:
+            tqdm.write("\n".join(["generated answers:", *self.shown]))
+        self.shown = []
+        return {**super().metrics(sums, count), "exact_match": sums["exact_match"].item() / count}
+
+    def weights_metadata(self) -> dict:
+        return {**super().weights_metadata(), **self.data.metadata}
+
+    def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
+        raise ConfigError("an sft run answers prompts with `anytrain sample RUN --prompt ...`, not predict")
+
+    def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
+        """The reply to the prompt, as a user turn in the chat template (a text prompt as it is, for runs that
+        trained on prompt/completion text), sampled (temperature, top-k, seed, up to --tokens tokens)."""
+        from ..hf import max_positions, tokenizer_of_run
+
+        self.tokenizer, self.stops = tokenizer_of_run(folder), json.loads(meta["stop_ids"])
+        if meta.get("chat_template") == "yes":
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        else:
+            ids = self.tokenizer(prompt).input_ids
+        positions = max_positions(model.config) or settings["tokens"] + 1
+        if settings["tokens"] >= positions:
+            raise ConfigError(f"--tokens must be fewer than the model's {positions} positions")
+        torch.manual_seed(settings["seed"])
+        sampling = {"do_sample": True, "temperature": settings["temperature"], "top_k": settings["top_k"]}
+        return self.generate(model.to(settings["device"]).eval(), [ids], settings["tokens"], **sampling)[0]
