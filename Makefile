@@ -36,7 +36,7 @@ test: lint
 bench: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python benchmarks/bench.py --out bench_out --docs docs $(BENCH_ARGS)
 
-# Lightning and the HF Trainer for the peers section of `make bench` (left out when not installed).
+# Lightning, the HF Trainer and TRL for the peers section of `make bench` (left out when not installed).
 .PHONY: install-peers
 install-peers: install
 	$(BIN)/pip install -e ".[peers]"

@@ -11,6 +11,7 @@ from pathlib import Path
 import bench_render
 import bench_summary
 import peers_bench
+import sft_vs_trl
 import toolkit
 from toolkit import BENCH, PY, TRAIN, WORKLOADS, Runner, launch_cmd, physical_cores, read_run, run_env
 
@@ -131,7 +132,8 @@ def json_of(runner: Runner, name: str, script: str, rounds: int, env: dict | Non
 
 def side_sections(runner: Runner, sections: set[str], rounds: int) -> dict:
     """The sections that run their own scripts, after the interleaved variants."""
-    side = {"data_wait": None, "cpu": None, "peers": None, "gpu": {"skipped": "not asked for (--sections)"}}
+    side = {"data_wait": None, "cpu": None, "peers": None, "sft": None}
+    side["gpu"] = {"skipped": "not asked for (--sections)"}
     if "data" in sections:
         print("data path (in-process, interleaved rounds)", flush=True)
         env = run_env(physical_cores())
@@ -142,6 +144,8 @@ def side_sections(runner: Runner, sections: set[str], rounds: int) -> dict:
     if "peers" in sections:
         print("peers: one job through anytrain, a plain loop, Lightning, the HF Trainer (interleaved)", flush=True)
         side["peers"] = peers_bench.main(["--out", str(runner.out / "peers"), "--rounds", str(rounds + 1)])
+        print("peers: chat fine-tuning through anytrain --task sft and TRL's SFTTrainer (interleaved)", flush=True)
+        side["sft"] = sft_vs_trl.main(["--out", str(runner.out / "sft"), "--rounds", str(rounds + 1)])
     if "gpu" in sections:
         import torch
 
@@ -169,6 +173,7 @@ def main(argv=None) -> None:
     loads = [r["load1_before"] for r in runner.records] or [os.getloadavg()[0]]
     elapsed = time.perf_counter() - started
     result = {"machine": m, "summary": s, "records": records, "data_wait": dw, "cpu_per_step": side["cpu"]}
+    result["sft_vs_trl"] = side["sft"]  # its table: bench_out/sft/ and docs/benchmarks.md, "Chat fine-tuning"
     toolkit.write_json(out / "bench.json", {**result, "elapsed_s": elapsed, "rounds": args.rounds})
     bench_render.plot(s, dw, out / "bench.png")
     table = bench_render.tables(s, dw)

@@ -284,5 +284,6 @@ def generate(model, folder: Path, prompt: str, tokens: int, temperature: float, 
         top_k=top_k,
         max_new_tokens=tokens,
         pad_token_id=tokenizer.pad_token_id,
+        use_cache=True,  # off in the config saved with the weights (training builds no cache)
     )
     return prompt + tokenizer.decode(out[0, ids.shape[1] :].tolist())

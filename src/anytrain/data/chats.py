@@ -137,16 +137,23 @@ def encode_split(ds, renderer: Renderer):
 
 
 class ChatRows(Dataset):
-    """Tokenised conversations, one a row: `__getitems__` pads a batch on the right (input_ids with the pad
-    id, attention_mask, targets -100), to a multiple of `multiple` when given."""
+    """Tokenised conversations, one a row, held as two flat int32 arrays and row offsets (compact: no Python
+    list per row); `__getitems__` pads a batch on the right (input_ids with the pad id, attention_mask,
+    targets -100), to a multiple of `multiple` when given."""
 
     def __init__(self, ids: list[list[int]], labels: list[list[int]], pad_id: int, multiple: int | None):
-        self.ids, self.labels, self.pad_id, self.multiple = ids, labels, pad_id, multiple
+        self.pad_id, self.multiple = pad_id, multiple
         self.lengths = np.array([len(row) for row in ids], dtype=np.int64)
-        self.targets_per_row = np.array([sum(t != IGNORE for t in row[1:]) for row in labels], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)])
+        self.ids = np.fromiter((t for row in ids for t in row), dtype=np.int32, count=int(self.starts[-1]))
+        self.labels = np.fromiter((t for row in labels for t in row), dtype=np.int32, count=int(self.starts[-1]))
+        learned = np.add.reduceat(self.labels != IGNORE, self.starts[:-1]) if len(ids) else np.zeros(0, np.int64)
+        firsts = self.labels[self.starts[:-1][self.lengths > 0]] != IGNORE  # a row's first token is no target
+        self.targets_per_row = learned.astype(np.int64)
+        self.targets_per_row[self.lengths > 0] -= firsts
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.lengths)
 
     def __getitems__(self, indices: list[int]):
         width = int(self.lengths[indices].max())
@@ -156,9 +163,10 @@ class ChatRows(Dataset):
         mask = torch.zeros((len(indices), width), dtype=torch.long)
         targets = torch.full((len(indices), width), IGNORE, dtype=torch.long)
         for k, index in enumerate(indices):
-            n = len(self.ids[index])
-            input_ids[k, :n], mask[k, :n] = torch.tensor(self.ids[index]), 1
-            targets[k, :n] = torch.tensor(self.labels[index])
+            start, n = self.starts[index], self.lengths[index]
+            input_ids[k, :n] = torch.from_numpy(self.ids[start : start + n])
+            targets[k, :n] = torch.from_numpy(self.labels[start : start + n])
+            mask[k, :n] = 1
         return {"input_ids": input_ids, "attention_mask": mask}, targets
 
     def set_epoch(self, epoch: int) -> None:

@@ -70,7 +70,7 @@ class SupervisedFineTuning(HFCausalLM):
             max_new_tokens=new_tokens,
             eos_token_id=self.stops,
             pad_token_id=pad,
-            use_cache=True,  # off in the config while packing trains; generating wants it
+            use_cache=True,  # off in the config while training; generating wants it
             **sampling,
         )
         replies = []

@@ -58,8 +58,8 @@ class Transformers(BaseTask):
 
         model = hf.load_model(self.cfg, self.head, self.model_config)
         self.use_cache = getattr(model.config, "use_cache", None)  # restored for the exported model
-        if self.cfg.data.packing:  # a key-value cache turns off transformers' mask per packed text
-            model.config.use_cache = False
+        if self.head.auto_class == "AutoModelForCausalLM":  # no key-value cache built in training (as TRL): it
+            model.config.use_cache = False  # costs memory, and turns off transformers' mask per packed text
         if self.cfg.model.gradient_checkpointing:
             hf.checkpoint_activations(model)
         if self.cfg.model.lora_r:  # the weights frozen, adapters beside them trained
