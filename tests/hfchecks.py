@@ -1,4 +1,4 @@
-"""The checks every transformers task gets (tests/test_hf_*.py): an in-process run; 4 accumulated
+"""The checks every transformers task gets (tests/test_hf_*.py, test_llm.py, test_sft.py): an in-process run; 4 accumulated
 micro-batches equal one big batch, with the control that per-micro-batch means would not; 2 gloo ranks
 equal 1 rank; a SIGKILL mid-run then --resume gives the same weights and log, bit for bit."""
 
@@ -83,3 +83,13 @@ def check_kill_and_resume(args: list[str], tmp_path, name: str) -> None:
     ]
     assert read_summary(tmp_path / "victim")["resumed_from"] is not None
     assert (tmp_path / "victim" / "hf" / "model.safetensors").is_file()
+
+
+def loss_and_grads(model, inputs: dict, targets: torch.Tensor) -> tuple[float, int, dict]:
+    """The summed next-token cross-entropy over the targets, their count, and the gradients of their mean."""
+    model.zero_grad()
+    logits, labels = model(**inputs).logits[:, :-1].float(), targets[:, 1:]
+    total = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="sum")
+    count = int((labels != -100).sum())
+    (total / count).backward()
+    return total.item(), count, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import max_abs_diff, read_metrics, run_cli_error
-from hfchecks import big_batch, check_accumulation, check_kill_and_resume, check_two_ranks, in_process
+from hfchecks import big_batch, check_accumulation, check_kill_and_resume, check_two_ranks, in_process, loss_and_grads
 from hfmodels import tiny_gpt2
 from safetensors.torch import load_file
 from textdata import texts, write_jsonl
@@ -178,16 +178,6 @@ def test_bad_lora_options_are_one_line_and_write_nothing(folders, tmp_path, caps
 
 
 # --------------------------------------------------------------------------- packing
-
-
-def loss_and_grads(model, inputs: dict, targets: torch.Tensor) -> tuple[float, int, dict]:
-    """The summed next-token cross-entropy over the targets, their count, and the gradients of their mean."""
-    model.zero_grad()
-    logits, labels = model(**inputs).logits[:, :-1].float(), targets[:, 1:]
-    total = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="sum")
-    count = int((labels != -100).sum())
-    (total / count).backward()
-    return total.item(), count, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def test_a_packed_batch_has_the_loss_and_gradients_of_its_texts_padded_one_a_row(folders):

@@ -17,7 +17,7 @@ import json
 import pytest
 import torch
 from conftest import read_metrics, run_cli_error
-from hfchecks import big_batch, check_accumulation, check_kill_and_resume, check_two_ranks, in_process
+from hfchecks import big_batch, check_accumulation, check_kill_and_resume, check_two_ranks, in_process, loss_and_grads
 from hfmodels import chat_tokenizer, tiny_llama
 from textdata import write_jsonl
 
@@ -89,15 +89,6 @@ def test_the_targets_are_the_answers_and_their_end_of_turn_tokens():
     )
     rows = ChatRows([ids], [labels], tokenizer.pad_token_id, None)
     assert rows.targets_per_row.tolist() == [len(tokenizer("4<|im_end|>\nokab<|im_end|>\n").input_ids)]
-
-
-def loss_and_grads(model, inputs: dict, targets: torch.Tensor) -> tuple[float, int, dict]:
-    model.zero_grad()
-    logits, labels = model(**inputs).logits[:, :-1].float(), targets[:, 1:]
-    total = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="sum")
-    count = int((labels != -100).sum())
-    (total / count).backward()
-    return total.item(), count, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def test_a_packed_batch_of_chats_has_the_loss_and_gradients_of_the_chats_padded(folders):
