@@ -1,6 +1,6 @@
-"""The checks every transformers task gets (tests/test_hf_*.py, test_llm.py, test_sft.py): an in-process run; 4 accumulated
-micro-batches equal one big batch, with the control that per-micro-batch means would not; 2 gloo ranks
-equal 1 rank; a SIGKILL mid-run then --resume gives the same weights and log, bit for bit."""
+"""The checks every transformers task gets (tests/test_hf_*.py, test_llm.py, test_sft.py): an in-process
+run; 4 accumulated micro-batches equal one big batch, with the control that per-micro-batch means would not;
+2 gloo ranks equal 1 rank; a SIGKILL mid-run then --resume gives the same weights and log, bit for bit."""
 
 from __future__ import annotations
 
