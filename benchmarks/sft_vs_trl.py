@@ -17,13 +17,16 @@ from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head, write_json
 sys.path.insert(0, str(BENCH / "peers"))
 import sft_job  # noqa: E402
 
-VARIANTS = [  # (name, trainer, kind, extra anytrain options)
+WIDE = ["--max-steps", str(sft_job.WIDE_STEPS)]
+VARIANTS = [  # (name, trainer, kind, extra anytrain options: the wide head's --max-steps picks its model)
     ("anytrain full", "anytrain", "full", []),
     ("trl full", "trl", "full", []),
     ("anytrain lora", "anytrain", "lora", []),
     ("trl lora", "trl", "lora", []),
     ("anytrain full, grad ckpt", "anytrain", "full", ["--gradient-checkpointing"]),
     ("anytrain lora, grad ckpt", "anytrain", "lora", ["--gradient-checkpointing"]),
+    ("anytrain full, 32k head", "anytrain", "full", WIDE),
+    ("trl full, 32k head", "trl", "full", WIDE),
 ]
 
 
@@ -39,21 +42,23 @@ def anytrain_run(runner: Runner, name: str, kind: str, extra: list[str], seed: i
     return rec
 
 
-def trl_run(runner: Runner, name: str, kind: str, seed: int, data: Path, model: Path) -> dict:
-    d = runner.fresh(f"sft-{name.replace(' ', '-')}")
+def trl_run(runner: Runner, name: str, kind: str, extra: list[str], seed: int, data: Path, model: Path) -> dict:
+    d = runner.fresh(f"sft-{name.replace(' ', '-').replace(',', '')}")
     script = BENCH / "peers" / "trl_sft_job.py"
-    cmd = [PY, str(script), "--data", str(data), "--model", str(model), "--kind", kind, "--seed", str(seed)]
+    cmd = [PY, str(script), "--data", str(data), "--model", str(model), "--kind", kind, "--seed", str(seed), *extra]
     rec = runner.run(f"sft/{name}", [*cmd, "--json", str(d / "result.json"), "--out", str(d / "run")])
     if "error" not in rec:
         rec.update(json.loads((d / "result.json").read_text()))
     return rec
 
 
-def variant(name: str, trainer: str, kind: str, extra: list[str], data: Path, model: Path):
+def variant(name: str, trainer: str, kind: str, extra: list[str], data: Path, models: dict[str, Path]):
+    model = models["wide" if extra == WIDE else "narrow"]
+
     def run(runner: Runner) -> dict:
         seed = 42 + sum(1 for r in runner.records if r["name"] == f"sft/{name}")  # round r: seed 42 + r
         if trainer == "trl":
-            rec = trl_run(runner, name, kind, seed, data, model)
+            rec = trl_run(runner, name, kind, extra, seed, data, model)
         else:
             rec = anytrain_run(runner, name, kind, extra, seed, data, model)
         if "error" not in rec:
@@ -94,7 +99,7 @@ def table(rows: dict) -> str:
             f"| {name} | {row['loop_s']:.1f} s | {row['loop_s_median']:.1f} s | {row['peak_mib']:,.0f} MiB | "
             f"{row['heldout_loss']:.4f} ± {row['heldout_loss_sd']:.4f} | {row['trainable_parameters']:,} |"
         )
-    for kind in ("full", "lora"):
+    for kind in ("full", "lora", "full, 32k head"):
         a, t = rows.get(f"anytrain {kind}"), rows.get(f"trl {kind}")
         if a and t:
             sd = max(a["heldout_loss_sd"], t["heldout_loss_sd"])
@@ -112,9 +117,11 @@ def main(argv=None) -> dict | None:
         print('  not installed, left out: the SFT job against TRL (pip install -e ".[peers]")', flush=True)
         return None
     out = toolkit.out_dir(args.out)
-    data, model = sft_job.write_data(out / "data"), sft_job.build_model(out / "model")
+    data = sft_job.write_data(out / "data")
+    models = {"narrow": sft_job.build_model(out / "model")}
+    models["wide"] = sft_job.build_model(out / "model-32k", sft_job.WIDE_VOCABULARY)
     runner = Runner(out)
-    variants = [(name, variant(name, *rest, data, model)) for name, *rest in VARIANTS]
+    variants = [(name, variant(name, *rest, data, models)) for name, *rest in VARIANTS]
     records = runner.rounds(variants, args.rounds, label="sft round")
     rows = summarise(records)
     job = sft_job.__doc__.split("\n\n")[0].strip()

@@ -180,16 +180,22 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(folders, tmp_path):
 
 def test_bf16_autocast_on_cpu_fine_tunes_the_gpt2(folders, tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # what `accelerate launch` exports for bf16.yaml
-    seen, lengths = [], set()
-    original = torch.nn.functional.linear
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Model
 
-    def watch(x, *args, **kwargs):  # GPT-2's lm_head, an nn.Linear on (batch, padded length, width)
+    seen, lengths = [], set()
+    original, backbone = torch.nn.functional.linear, GPT2Model.forward
+
+    def watch(x, *args, **kwargs):  # GPT-2's output layer (its blocks use Conv1D), chunk by chunk (lmhead.py)
         out = original(x, *args, **kwargs)
         seen.append(out.dtype)  # autocast casts inside the op: its output tells
-        lengths.add(x.shape[-2])
         return out
 
+    def batch_width(self, input_ids=None, *args, **kwargs):
+        lengths.add(input_ids.shape[-1])  # the padded length of the batch
+        return backbone(self, input_ids, *args, **kwargs)
+
     monkeypatch.setattr(torch.nn.functional, "linear", watch)
+    monkeypatch.setattr(GPT2Model, "forward", batch_width)
     summary = in_process(tmp_path / "bf16", *lm_args(folders, "--batch-size", "8", "--max-steps", "6"))
     assert summary["scenario"]["mixed_precision"] == "bf16" and torch.bfloat16 in seen
     assert len(lengths) > 1 and all(n % 8 == 0 for n in lengths), lengths  # per batch, to a multiple of 8

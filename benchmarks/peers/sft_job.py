@@ -7,7 +7,9 @@ everything before it the prompt), loss on the completion's tokens only, batch 16
 (weight decay 0), constant LR without warm-up, gradient norm clipped to 1.0, fp32, no gradient
 checkpointing, rows of up to 128 tokens padded per batch; full fine-tuning at LR 1e-3 and LoRA (rank 8,
 alpha 16, every linear projection of the blocks) at LR 1e-2. Each trainer's model is then scored by the
-same code: the mean cross-entropy of the completions' tokens of 200 held-out chats.
+same code: the mean cross-entropy of the completions' tokens of 200 held-out chats. The wide-head variant
+gives the same model an output layer of 32,768 rows (the tokenizer's 402 tokens, the rest never targets) as
+real models' vocabularies have, where the logits are a step's largest tensor, for 40 steps.
 """  # the second paragraph is the job's description in docs/benchmarks.md
 
 import json
@@ -17,6 +19,7 @@ ROWS = {"train": 2000, "validation": 200, "test": 200}  # TRL evaluates nothing;
 BATCH, EPOCHS, MAX_LENGTH, LOG_EVERY = 16, 2, 128, 10
 LR = {"full": 1e-3, "lora": 1e-2}
 LORA_R, LORA_ALPHA = 8, 16
+WIDE_VOCABULARY, WIDE_STEPS = 32768, 40  # the wide-head variant
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -49,8 +52,9 @@ def write_data(folder: Path, seed: int = 11) -> Path:
     return folder
 
 
-def build_model(folder: Path) -> Path:
-    """The random Llama-style model and its chat tokenizer, saved as a hub checkpoint."""
+def build_model(folder: Path, vocabulary: int | None = None) -> Path:
+    """The random Llama-style model and its chat tokenizer, saved as a hub checkpoint; `vocabulary`: that many
+    rows of embeddings and output layer instead of the tokenizer's size."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -70,7 +74,7 @@ def build_model(folder: Path) -> Path:
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tokenizer.pad_token, tokenizer.chat_template = tokenizer.eos_token, CHATML
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        vocab_size=vocabulary or len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_LENGTH,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip

@@ -3,7 +3,7 @@ jsonl, SFTConfig, a peft LoraConfig for the LoRA variant; TRL's defaults that di
 to the job (bf16 off, gradient checkpointing off). Loop time is the start of training to the end of its last
 optimizer step (a TrainerCallback); peak memory the process's maximum resident set; the model is saved
 (LoRA: merged) for the shared scoring.
-`python trl_sft_job.py --data DIR --model FOLDER --kind full|lora --seed N --json OUT --out DIR`"""
+`python trl_sft_job.py --data DIR --model FOLDER --kind full|lora --seed N [--max-steps N] --json OUT --out DIR`"""
 
 import argparse
 import json
@@ -36,6 +36,7 @@ def main() -> None:
         p.add_argument(flag, required=True, type=Path)
     p.add_argument("--kind", choices=("full", "lora"), required=True)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--max-steps", type=int, default=-1)
     args = p.parse_args()
     train = datasets.load_dataset("json", data_files=str(args.data / "train.jsonl"), split="train")
     config = SFTConfig(
@@ -43,7 +44,7 @@ def main() -> None:
         learning_rate=sft_job.LR[args.kind], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, logging_steps=sft_job.LOG_EVERY, save_strategy="no", eval_strategy="no", report_to="none",
         max_length=sft_job.MAX_LENGTH, packing=False, completion_only_loss=True, seed=args.seed,
-        bf16=False, gradient_checkpointing=False, dataloader_num_workers=0, disable_tqdm=True,
+        bf16=False, gradient_checkpointing=False, dataloader_num_workers=0, disable_tqdm=True, max_steps=args.max_steps,
     )  # fmt: skip
     peft_config = None
     if args.kind == "lora":

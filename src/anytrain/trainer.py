@@ -401,6 +401,7 @@ class Loop:
                         accelerator.clip_grad_norm_(model.parameters(), clip)  # unscales first under fp16
                     optimizer.step()  # a no-op until the accumulation cycle is complete
                     optimizer.zero_grad()
+                del outputs  # the logits (batch x length x vocabulary for an LM): not held through the next forward
                 self.window.add(progress.step + 1, loss.detach())
                 self.speed.add(len(targets) * accelerator.num_processes, targets.numel() * accelerator.num_processes)
                 progress.batches_done += 1

@@ -1,7 +1,8 @@
 """lm with a transformers model: AutoModelForCausalLM, one text per sequence, padded; padded positions
-get the label -100. The loss is the mean over every target token of the optimizer step's global batch,
-whatever the number of ranks or accumulation steps (transformers.token_weighted); validation and test
-loss are the mean over every target token of the split. `anytrain sample` uses the model's generate."""
+get the label -100. The loss (fused with the output layer: lmhead.py) is the mean over every target token
+of the optimizer step's global batch, whatever the number of ranks or accumulation steps
+(transformers.token_weighted); validation and test loss are the mean over every target token of the split.
+`anytrain sample` uses the model's generate."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class HFCausalLM(Transformers, LanguageModel):
     head = Head("AutoModelForCausalLM", "causal-LM", loss_type="ForCausalLM")
 
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        stats = getattr(outputs, "row_stats", None)  # the fused loss's (lmhead.py): no logits were made
+        if stats is not None:
+            return {"loss": stats["token_loss"] / stats["tokens"].clamp(min=1), **stats}
         logits, labels = logits_of(outputs)[:, :-1].float(), targets[:, 1:]  # position t predicts token t + 1
         losses = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
         real = labels != -100

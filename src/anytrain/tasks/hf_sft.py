@@ -1,6 +1,6 @@
 """sft: supervised fine-tuning of a transformers causal LM on chats or prompt/completion pairs (data/chats.py).
 The loss is on the answers' tokens only, the mean over every answer token of the optimizer step's global
-batch (hf:lm's token weighting: transformers' loss with num_items_in_batch). Evaluation also generates
+batch (hf:lm's token weighting: the fused loss of lmhead.py with num_items_in_batch). Evaluation also generates
 each held-out conversation's last answer from the turns before it (greedy, stopping at the template's
 end-of-turn token): exact match of the stripped texts, and the first few in the log. `anytrain sample`
 puts the prompt in a user turn of the chat template and prints the reply."""

@@ -60,6 +60,7 @@ class Transformers(BaseTask):
         self.use_cache = getattr(model.config, "use_cache", None)  # restored for the exported model
         if self.head.auto_class == "AutoModelForCausalLM":  # no key-value cache built in training (as TRL): it
             model.config.use_cache = False  # costs memory, and turns off transformers' mask per packed text
+            self.fused_loss(model)
         if self.cfg.model.gradient_checkpointing:
             hf.checkpoint_activations(model)
         if self.cfg.model.lora_r:  # the weights frozen, adapters beside them trained
@@ -70,6 +71,20 @@ class Transformers(BaseTask):
                 model, lora.settings(self.cfg), self.head.auto_class, lambda line: say(f"anytrain: {line}")
             )
         return model
+
+    def fused_loss(self, model: nn.Module) -> None:
+        """The loss from the output layer a chunk of tokens at a time, never the full logits (lmhead.py)."""
+        from accelerate.state import PartialState
+
+        from .. import lmhead
+
+        why = lmhead.install(model)
+        say = PartialState().print
+        if why is None:
+            chunk = lmhead.chunk_of(model)
+            say(f"anytrain: the loss is taken from the output layer {chunk} tokens at a time (no full logits)")
+        else:
+            say(f"anytrain: the model computes its own loss from its full logits: {why}")
 
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
         from .. import hf
