@@ -141,6 +141,22 @@ def test_the_adapter_and_the_merged_model_give_the_runs_outputs(folders, trained
     assert (outputs[2] - ours).abs().max() > 1e-2  # the adapters changed what the model says
 
 
+def test_wrapping_says_the_trainable_share_and_nothing_else(folders):
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from anytrain import lora
+
+    said = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # peft 0.21 asks transformers 5 a deprecated property while wrapping
+        found = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "targets": "all-linear"}
+        lora.wrap(AutoModelForCausalLM.from_pretrained(folders["gpt2"]), found, "AutoModelForCausalLM", said.append)
+    assert said == ["LoRA r=8: 16,384 of 150,272 parameters trainable (10.90%)"]
+    assert [str(w.message) for w in caught] == []
+
+
 @pytest.fixture(scope="module")
 def reference(folders, tmp_path_factory):
     return big_batch(lora_args(folders), tmp_path_factory.mktemp("lora_big"))

@@ -64,8 +64,9 @@ def wrap(model: nn.Module, found: dict, auto_class: str, say=None) -> nn.Module:
     )
     check_targets(model, found["targets"])
     try:
-        with warnings.catch_warnings():  # GPT-2's Conv1D: peft transposes its weights itself and says so
-            warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")  # GPT-2's Conv1D: peft copes
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # peft asks it
             wrapped = lib.get_peft_model(model, config)
     except ValueError as e:
         raise ConfigError(f"--lora-targets: {first_line(e)}") from None
