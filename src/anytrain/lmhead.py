@@ -20,7 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-IGNORE = -100
+from .shape import IGNORE
+
 CHUNK_ELEMENTS = 2**24  # logits per chunk (64 MiB of float32), at least MIN_CHUNK tokens
 MIN_CHUNK = 256
 SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")

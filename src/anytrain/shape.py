@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+IGNORE = -100  # a position with no target: transformers' label for "no loss here"
+
 
 @dataclass
 class DataShape:

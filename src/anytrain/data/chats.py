@@ -24,13 +24,12 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, TrainConfig, first_line
-from ..shape import DataShape
+from ..shape import IGNORE, DataShape
 from .hftext import pad_multiple
 from .packing import PackedRows
 from .sources import carve_rows, opened
 from .splits import Splits
 
-IGNORE = -100  # transformers' label for "no loss here"
 ROLES = ("system", "user", "assistant")
 MESSAGES, PROMPT, COMPLETION = "messages", "prompt", "completion"
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, TrainConfig
+from ..shape import IGNORE
 from .hftext import HFRows, load_hf_splits
 from .splits import Splits
 
@@ -65,7 +66,7 @@ class MaskedRows(HFRows):
         counts = np.zeros(len(self), dtype=np.int64)
         for index in range(len(self)):
             ids = torch.tensor(self.encoded[index]["input_ids"])
-            counts[index] = int((self.mask(ids, index, epoch)[1] != -100).sum())
+            counts[index] = int((self.mask(ids, index, epoch)[1] != IGNORE).sum())
         return counts
 
 

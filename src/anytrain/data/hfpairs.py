@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import TrainConfig
-from ..shape import DataShape
+from ..shape import IGNORE, DataShape
 from .hftext import pad_multiple
 from .sources import carve_rows, opened, rows_to_predict
 from .splits import Splits
@@ -42,13 +42,13 @@ class PairRows(Dataset):
 
         rows = self.encoded[indices]
         features = [{k: rows[k][i] for k in rows} for i in range(len(indices))]
-        collate = DataCollatorForSeq2Seq(self.tokenizer, label_pad_token_id=-100, pad_to_multiple_of=self.multiple)
+        collate = DataCollatorForSeq2Seq(self.tokenizer, label_pad_token_id=IGNORE, pad_to_multiple_of=self.multiple)
         batch = dict(collate(features))
         targets = batch.pop("labels", None)
         if targets is None:  # predict: sources only
             return batch, torch.zeros(len(indices), dtype=torch.long)
         decoder = targets.new_full(targets.shape, self.tokenizer.pad_token_id)
-        decoder[:, 1:] = targets[:, :-1].masked_fill(targets[:, :-1] == -100, self.tokenizer.pad_token_id)
+        decoder[:, 1:] = targets[:, :-1].masked_fill(targets[:, :-1] == IGNORE, self.tokenizer.pad_token_id)
         decoder[:, 0] = self.decoder_start
         return {**batch, "decoder_input_ids": decoder}, targets
 

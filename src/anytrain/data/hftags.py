@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import ConfigError, TrainConfig
-from ..shape import DataShape
+from ..shape import IGNORE, DataShape
 from .hftext import pad_multiple
 from .sources import carve_rows, opened, rows_to_predict
 from .splits import Splits
@@ -29,7 +29,7 @@ class TaggedRows(Dataset):
     def __init__(self, encoded, tokenizer, multiple: int | None):
         self.encoded, self.tokenizer, self.multiple = encoded, tokenizer, multiple
         self.lengths = np.array([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
-        self.targets_per_row = np.array([sum(t != -100 for t in tags) for tags in encoded["labels"]], dtype=np.int64)
+        self.targets_per_row = np.array([sum(t != IGNORE for t in tags) for tags in encoded["labels"]], dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -15,14 +15,12 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, TrainConfig
-from ..shape import DataShape
+from ..shape import IGNORE, DataShape
 from .packing import PackedRows
 from .sources import carve_rows, opened
 from .splits import Splits
 from .targets import labelled_rows
 from .textcls import check_texts
-
-IGNORE = -100  # transformers' label for "no loss here"
 
 
 class HFRows(torch.utils.data.Dataset):

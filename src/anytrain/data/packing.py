@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-IGNORE = -100  # transformers' label for "no loss here"
+from ..shape import IGNORE
 
 
 def pieces(lengths: np.ndarray, max_length: int) -> tuple[np.ndarray, np.ndarray]:

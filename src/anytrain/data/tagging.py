@@ -15,8 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..config import ConfigError
-
-IGNORE = -100  # transformers' label for "no loss here"
+from ..shape import IGNORE
 
 
 def align_labels(word_ids: list[int | None], word_labels: list[int]) -> list[int]:

@@ -12,29 +12,22 @@ from typing import cast
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ..hf import Head
 from ..shape import DataShape
 from ..usermodel import logits_of
 from .lm import LanguageModel
-from .transformers import TargetRows, Transformers, token_weighted
+from .transformers import TargetRows, Transformers, token_sums, token_weighted, with_row_loss
 
 
 class HFCausalLM(Transformers, LanguageModel):
     head = Head("AutoModelForCausalLM", "causal-LM", loss_type="ForCausalLM")
 
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        stats = getattr(outputs, "row_stats", None)  # the fused loss's (lmhead.py): no logits were made
-        if stats is not None:
-            return {"loss": stats["token_loss"] / stats["tokens"].clamp(min=1), **stats}
-        logits, labels = logits_of(outputs)[:, :-1].float(), targets[:, 1:]  # position t predicts token t + 1
-        losses = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
-        real = labels != -100
-        hits = (logits.argmax(-1) == labels) & real
-        tokens = real.sum(1)
-        sums = losses.sum(1)
-        return {"loss": sums / tokens.clamp(min=1), "token_loss": sums, "tokens": tokens, "hits": hits.sum(1)}
+        sums = getattr(outputs, "row_stats", None)  # the fused loss's (lmhead.py): no logits were made
+        if sums is None:  # position t predicts token t + 1
+            sums = token_sums(logits_of(outputs)[:, :-1].float(), targets[:, 1:])
+        return with_row_loss(sums)
 
     def metrics(self, sums: dict, count: int) -> dict:
         tokens = max(sums["tokens"].item(), 1)

@@ -18,7 +18,7 @@ from torch import nn
 from ..config import ConfigError
 from ..data.splits import Splits
 from ..hf import Head
-from ..shape import DataShape
+from ..shape import IGNORE, DataShape
 from .transformers import TokenWeighted
 
 BLEU_STATS = 10  # sacrebleu's per-sentence statistics: lengths (hypothesis, reference), matches 1-4, totals 1-4
@@ -82,7 +82,7 @@ class Seq2Seq(TokenWeighted):
         stats = super().eval_batch(model, inputs, targets, forward)
         hypotheses = self.generate(model, inputs, do_sample=False, num_beams=1)
         references = self.tokenizer.batch_decode(
-            targets.masked_fill(targets == -100, self.tokenizer.pad_token_id), skip_special_tokens=True
+            targets.masked_fill(targets == IGNORE, self.tokenizer.pad_token_id), skip_special_tokens=True
         )
         exact = [h.strip() == r.strip() for h, r in zip(hypotheses, references)]
         device = targets.device

@@ -17,10 +17,10 @@ from torch import nn
 
 from ..config import ConfigError
 from ..data.splits import Splits
+from ..shape import IGNORE
 from .hf_lm import HFCausalLM
 from .hf_seq2seq import unwrapped
 
-IGNORE = -100
 SHOWN = 3  # generations printed after each evaluation
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..data.splits import Splits
 from ..hf import Head
+from ..shape import IGNORE
 from ..usermodel import logits_of
 from .transformers import TokenWeighted
 
@@ -38,7 +39,7 @@ class TokenClassification(TokenWeighted):
 
         stats = super().per_sample(outputs, targets)
         names = self.data.class_names or []
-        predicted, real = logits_of(outputs).argmax(-1).tolist(), (targets != -100).tolist()
+        predicted, real = logits_of(outputs).argmax(-1).tolist(), (targets != IGNORE).tolist()
         counts = []
         for guess, truth, keep in zip(predicted, targets.tolist(), real):
             pairs = [(names[g], names[t]) for g, t, k in zip(guess, truth, keep) if k]

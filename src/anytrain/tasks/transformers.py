@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from .. import lora
 from ..data.splits import Splits
 from ..hf import Head
-from ..shape import DataShape
+from ..shape import IGNORE, DataShape
 from ..usermodel import logits_of
 from .base import BaseTask
 
@@ -155,6 +155,18 @@ def token_weighted(batches, loader, epoch: int, skipped: int, per_row, accum: in
         yield {**inputs, "num_items_in_batch": shares[k]}, targets
 
 
+def token_sums(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per row of (B, T, V) logits and (B, T) targets (IGNORE: none): summed loss, target tokens, correct ones."""
+    losses = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")
+    real = targets != IGNORE
+    return {"token_loss": losses.sum(1), "tokens": real.sum(1), "hits": ((logits.argmax(-1) == targets) & real).sum(1)}
+
+
+def with_row_loss(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """per_sample's answer: each row's mean loss over its target tokens, beside the sums."""
+    return {"loss": sums["token_loss"] / sums["tokens"].clamp(min=1), **sums}
+
+
 class TargetRows(Protocol):
     """The training rows of a token-weighted task: how many target tokens each row holds."""
 
@@ -182,16 +194,11 @@ class TokenWeighted(Transformers):
             yield batch
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        total = F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), ignore_index=-100, reduction="sum")
-        return total / (self.share or (targets != -100).sum().clamp(min=1))
+        total = F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+        return total / (self.share or (targets != IGNORE).sum().clamp(min=1))
 
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        logits = logits_of(outputs).float()
-        losses = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
-        real = targets != -100
-        tokens, sums = real.sum(1), losses.sum(1)
-        hits = ((logits.argmax(-1) == targets) & real).sum(1)
-        return {"loss": sums / tokens.clamp(min=1), "token_loss": sums, "tokens": tokens, "hits": hits}
+        return with_row_loss(token_sums(logits_of(outputs).float(), targets))
 
     def metrics(self, sums: dict, count: int) -> dict:
         tokens = max(sums["tokens"].item(), 1)
