@@ -30,8 +30,13 @@ VARIANTS = [  # (name, trainer, kind, extra anytrain options: the wide head's --
 ]
 
 
+def folder(name: str) -> str:
+    """A variant's run folder: "anytrain full, 32k head" -> sft-anytrain-full-32k-head."""
+    return f"sft-{name.replace(',', '').replace(' ', '-')}"
+
+
 def anytrain_run(runner: Runner, name: str, kind: str, extra: list[str], seed: int, data: Path, model: Path) -> dict:
-    d = runner.fresh(f"sft-{name.replace(' ', '-').replace(',', '')}")
+    d = runner.fresh(folder(name))
     args = ["--model", f"hf:{model}", "--dataset", str(data), "--output-dir", str(d), "--no-progress", "--no-plot"]
     rec = runner.run(f"sft/{name}", launch_cmd("cpu.yaml", TRAIN, *args, *sft_job.anytrain_options(kind, seed), *extra))
     if "error" not in rec:
@@ -43,7 +48,7 @@ def anytrain_run(runner: Runner, name: str, kind: str, extra: list[str], seed: i
 
 
 def trl_run(runner: Runner, name: str, kind: str, extra: list[str], seed: int, data: Path, model: Path) -> dict:
-    d = runner.fresh(f"sft-{name.replace(' ', '-').replace(',', '')}")
+    d = runner.fresh(folder(name))
     script = BENCH / "peers" / "trl_sft_job.py"
     cmd = [PY, str(script), "--data", str(data), "--model", str(model), "--kind", kind, "--seed", str(seed), *extra]
     rec = runner.run(f"sft/{name}", [*cmd, "--json", str(d / "result.json"), "--out", str(d / "run")])

@@ -54,7 +54,8 @@ def batch(vocabulary: int, seed: int = 0) -> tuple[dict, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}, labels
 
 
-def loss_and_grads(model, inputs: dict, labels: torch.Tensor, items: float = 50.0) -> tuple[float, dict]:
+def model_loss_and_grads(model, inputs: dict, labels: torch.Tensor, items: float = 50.0) -> tuple[float, dict]:
+    """The loss the model returns given the labels (fused or its own), and every parameter's gradient."""
     model.zero_grad()
     loss = model(**inputs, labels=labels, num_items_in_batch=items).loss
     loss.backward()
@@ -85,8 +86,8 @@ def largest_logits(model, inputs: dict, labels: torch.Tensor) -> int:
 def test_the_fused_loss_and_gradients_are_the_models_own(pair):
     own, fused = pair
     inputs, labels = batch(own.config.vocab_size)
-    own_loss, own_grads = loss_and_grads(own, inputs, labels)
-    fused_loss, fused_grads = loss_and_grads(fused, inputs, labels)
+    own_loss, own_grads = model_loss_and_grads(own, inputs, labels)
+    fused_loss, fused_grads = model_loss_and_grads(fused, inputs, labels)
     diff = max((own_grads[n] - fused_grads[n]).abs().max().item() for n in own_grads)
     print(f"loss {own_loss:.7f} vs fused {fused_loss:.7f}; gradients within {diff:.1e}")
     assert fused_loss == pytest.approx(own_loss, rel=1e-6) and diff < 1e-6
@@ -99,8 +100,8 @@ def test_under_bf16_autocast_and_with_packed_position_ids_it_is_the_models_own(p
     inputs["position_ids"] = torch.arange(LENGTH).remainder(9).expand(ROWS, LENGTH)  # texts of 9 tokens a row
     del inputs["attention_mask"]
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        own_loss, own_grads = loss_and_grads(own, inputs, labels)
-        fused_loss, fused_grads = loss_and_grads(fused, inputs, labels)
+        own_loss, own_grads = model_loss_and_grads(own, inputs, labels)
+        fused_loss, fused_grads = model_loss_and_grads(fused, inputs, labels)
     scale = max(g.abs().max().item() for g in own_grads.values())
     diff = max((own_grads[n] - fused_grads[n]).abs().max().item() for n in own_grads)
     print(f"bf16: loss {own_loss:.5f} vs fused {fused_loss:.5f}; gradients within {diff:.1e} of {scale:.1e}")
