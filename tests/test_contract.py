@@ -97,7 +97,11 @@ def test_the_config_is_frozen_and_a_settled_task_is_a_new_config():
         cfg.optim.lr = 1.0  # noqa: B010 - the sections are frozen dataclasses too
     settled = settle(cfg)
     assert cfg.data.task == "auto" and settled.cfg.data.task == "classify" and settled.key == "classify"
-    assert settled.cfg.given == cfg.given | {"task"} and "lr" in settled.cfg.given and "seed" not in cfg.given
+    assert (
+        settled.cfg.given == cfg.given | {"task", "best_metric"}
+        and "lr" in settled.cfg.given
+        and "seed" not in cfg.given
+    )
     assert settled.reason == "auto"
 
 

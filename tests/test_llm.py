@@ -259,3 +259,12 @@ def test_packing_for_another_model_or_task_is_one_line(folders, tmp_path, capsys
     )  # rows longer than positions
     assert "--max-length 256 exceeds the 128 positions of hf:" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_transformers_lm_reads_the_text_column_by_default(folders, tmp_path):
+    """--text-column left empty: 'text', as for every language model (and as --help says)."""
+    flags = ("--task", "lm", "--max-length", "64", "--max-steps", "1")
+    summary = in_process(
+        tmp_path / "run", "--model", f"hf:{folders['gpt2']}", "--dataset", str(folders["data"]), *flags
+    )
+    assert summary["task"] == "lm" and summary["train_tokens"] > 0

@@ -56,10 +56,9 @@ def args(folders, *flags: str) -> list[str]:
 
 
 def learned(tokenizer, row: dict, form: str = "messages") -> list[str]:
-    """The decoded runs of target tokens of one row."""
-    ids, labels = tokenise(
-        tokenizer, *Renderer(form, "messages", tokenizer, "rows", "train")(row, 0), form != "messages"
-    )
+    """The decoded runs of target tokens of one row (rendered as one text)."""
+    [piece] = Renderer(form, "messages", tokenizer, "rows", "train")(row, 0)
+    ids, labels = tokenise(tokenizer, *piece, form != "messages")
     runs, current = [], []
     for token, label in zip(ids, labels):
         if label != IGNORE:
@@ -85,9 +84,8 @@ def test_the_targets_are_the_answers_and_their_end_of_turn_tokens():
     assert learned(tokenizer, pair, "prompt-completion") == [" 4<|endoftext|>"]
     turns = {"prompt": chat[:4], "completion": chat[4:]}
     assert learned(tokenizer, turns, "prompt-completion") == ["okab<|im_end|>\n"]
-    ids, labels = tokenise(
-        tokenizer, *Renderer("messages", "messages", tokenizer, "rows", "train")({"messages": chat}, 0), False
-    )
+    [piece] = Renderer("messages", "messages", tokenizer, "rows", "train")({"messages": chat}, 0)
+    ids, labels = tokenise(tokenizer, *piece, False)
     rows = ChatRows([ids], [labels], tokenizer.pad_token_id, None)
     assert rows.targets_per_row.tolist() == [len(tokenizer("4<|im_end|>\nokab<|im_end|>\n").input_ids)]
 
@@ -97,7 +95,7 @@ def test_a_packed_batch_of_chats_has_the_loss_and_gradients_of_the_chats_padded(
 
     tokenizer = AutoTokenizer.from_pretrained(folders["llama"])
     render = Renderer("messages", "messages", tokenizer, "rows", "train")
-    encoded = [tokenise(tokenizer, *render(row, k), False) for k, row in enumerate(instructions.rows(24, seed=5))]
+    encoded = [tokenise(tokenizer, *render(row, k)[0], False) for k, row in enumerate(instructions.rows(24, seed=5))]
     ids, labels = [e[0] for e in encoded], [e[1] for e in encoded]
     pad = tokenizer.eos_token_id  # anytrain pads with the end-of-text token where a tokenizer has no pad token
     packed = PackedRows(ids, 128, pad, labels)

@@ -82,5 +82,6 @@ def test_the_example_recipe_matches_the_tfidf_baseline(tmp_path):
     AcceleratorState._reset_state(True)
     assert (summary["model"], summary["tokenizer"], summary["vocab_size"]) == ("bag", "char", 63)
     assert summary["parameters"] == (63 + 65536) * 64 + 64 * 8 + 8
-    assert summary["test_accuracy"] >= 0.36, summary["test_accuracy"]  # measured 0.3725 (95 of 255); 0.389 over 8 seeds
+    # measured 0.357 (91 of 255) on the weights of the best validation accuracy; 0.376 over 8 seeds
+    assert summary["test_accuracy"] >= 0.35, summary["test_accuracy"]
     assert summary["tokens_per_s"] > 10 * summary["samples_per_s"]  # 150 characters a speech

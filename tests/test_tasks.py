@@ -194,6 +194,7 @@ def test_a_model_that_returns_its_own_loss_trains_on_it(tmp_path, logits):
         assert summary["test_accuracy"] > 0.9  # metrics from its logits
     else:
         assert "test_accuracy" not in summary and summary["test_loss"] < 1.2  # only its loss to report
+        assert summary["best_metric"] == "loss"  # accuracy, classify's headline metric, cannot be scored
 
 
 class Hidden(torch.nn.Module):

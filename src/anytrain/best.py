@@ -1,6 +1,9 @@
-"""The weights of the best validation so far, for --final-weights best (the default).
+"""The best validation so far, by --best-metric (`Criterion`), and its weights, for --final-weights best (the
+default).
 
-A copy is taken in CPU memory whenever the validation loss improves; every checkpoint after it holds
+The task declares the metrics it logs and which way each improves (tasks/base.py: `goals`), and its headline
+metric (`headline`: accuracy for a classifier, loss for a language model), which --best-metric auto means.
+A copy is taken in CPU memory whenever that metric improves; every checkpoint after it holds
 the copy too (best_weights.safetensors, unless the checkpoint's own weights are the best), so a killed
 and resumed run ends with the same weights; at the end the copy goes back into the model before the
 test split is evaluated and model.safetensors written. Only what training changes is copied: the
@@ -9,6 +12,8 @@ trainable parameters and the saved buffers (frozen weights, such as a LoRA base 
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +21,26 @@ from safetensors.torch import load_file
 from torch import nn
 
 FILE = "best_weights.safetensors"  # in a checkpoint folder
+HIGHER, LOWER = "higher", "lower"  # which way a metric improves (a task's `goals`)
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """The validation metric that picks the best weights and that early stopping watches, and its direction."""
+
+    metric: str
+    higher: bool  # a higher value is better (accuracy), else a lower one (loss)
+
+    def improves(self, value: float, best: float | None, min_delta: float) -> bool:
+        """Whether `value` beats the best so far (None: none yet) by more than min_delta; a NaN never does."""
+        if not math.isfinite(value):
+            return False
+        if best is None:
+            return True
+        return value > best + min_delta if self.higher else value < best - min_delta
+
+    def __str__(self) -> str:
+        return f"validation {self.metric} ({HIGHER if self.higher else LOWER} is better)"
 
 
 def changing_tensors(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ Layout of a run folder:
                                state, the config and the process count, as plain JSON; and
                                best_weights.safetensors when an earlier step validated best (best.py)
     checkpoints/latest         text file naming the newest complete checkpoint
-    checkpoints/best           text file naming the checkpoint with the lowest validation loss
+    checkpoints/best           text file naming the checkpoint of the best validation (--best-metric)
 
 A checkpoint is written to `checkpoints/.tmp-step-000120` and renamed when every rank is done,
 so a kill during a save leaves the previous checkpoint and the pointers intact.
@@ -20,6 +20,7 @@ allow-list holds numpy's array types only); a file that needs anything else is r
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -48,8 +49,8 @@ class Progress:
     epoch: int = 0
     batches_done: int = 0  # batches of `epoch` already consumed (per rank)
     step: int = 0  # optimizer steps taken
-    best_val_loss: float = float("inf")
-    best_step: int = -1  # the optimizer step of the validation with the lowest loss (-1: none yet)
+    best_value: float | None = None  # the best validation's --best-metric (None: none yet)
+    best_step: int = -1  # the optimizer step of that validation (-1: none yet)
     best_val: dict = field(default_factory=dict)  # that validation's metrics
     evals_without_improvement: int = 0
     window: list = field(default_factory=list)  # (step, loss) of batches not yet logged, so the next log line is exact
@@ -62,6 +63,10 @@ class Progress:
         return dict(self.__dict__)
 
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        lowest_loss = state.pop("best_val_loss", None)  # checkpoints made when the best was always the lowest loss
+        if "best_value" not in state and lowest_loss is not None and math.isfinite(lowest_loss):
+            state["best_value"] = lowest_loss
         self.__dict__.update(state)
 
 
@@ -212,6 +217,7 @@ def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path) -> None:
     """Only options marked resumable (how long or how verbosely the run goes on, not the model, the
     data or the optimisation so far) may differ between a checkpoint and the run resuming it."""
     saved, current = saved_options(saved), cfg.flat()
+    saved.setdefault("best_metric", "loss")  # made before --best-metric, when the best validation's was the lowest loss
     positions = "block_size" if cfg.data.task == "lm" else "max_length" if cfg.data.text_column else None
     if positions and current[positions] > saved.get(positions, current[positions]):
         flag = OPTIONS[positions].flag

@@ -126,7 +126,7 @@ class DataConfig:
     text_column: str = option(
         "",
         "the text column of a parquet/json/csv/hub dataset: with --label-column the text is classified, alone it "
-        "is modelled (lm; for lm, empty = 'text')",
+        "is modelled (lm; for lm, with any model, empty = 'text')",
     )
     block_size: int = option(
         64, "lm: context length in tokens (each training window holds block_size + 1 tokens)", bounds=POSITIVE
@@ -314,7 +314,7 @@ class EvalConfig:
     )
     early_stopping_patience: int = option(
         0,
-        "stop after this many validations without improvement of the validation loss; 0 = off",
+        "stop after this many validations without improvement of the --best-metric; 0 = off",
         bounds=NON_NEGATIVE,
         resumable=True,
     )
@@ -322,12 +322,19 @@ class EvalConfig:
         0.5, "multilabel: a class is predicted when its probability is above this (saved with the weights)", bounds=UNIT
     )
     early_stopping_min_delta: float = option(
-        0.0, "improvement smaller than this does not count", bounds=NON_NEGATIVE, resumable=True
+        0.0, "improvement of the --best-metric smaller than this does not count", bounds=NON_NEGATIVE, resumable=True
+    )
+    best_metric: str = option(
+        "auto",
+        "the validation metric that picks the best weights (--final-weights best, checkpoints/best) and that early "
+        "stopping watches, higher or lower being better as the task declares: auto = the task's headline metric "
+        "(accuracy for classify, r2 for regress, micro_f1 for multilabel, f1 for tag, exact_match for seq2seq and "
+        "sft, loss for lm and mlm), or any metric the task logs on validation (loss, accuracy, ...)",
     )
     final_weights: str = option(
         "best",
         "the weights the run ends with, evaluates on the test split and saves as model.safetensors: best = those of "
-        "the validation with the lowest loss (when there is a validation split), last = the last step's",
+        "the best validation by --best-metric (when there is a validation split), last = the last step's",
         choices=("best", "last"),
         resumable=True,
     )
@@ -348,7 +355,7 @@ class RunConfig:
     )
     keep_checkpoints: int = option(
         2,
-        "keep the newest K checkpoints (plus the best by validation loss); 0 = keep all",
+        "keep the newest K checkpoints (plus the best by --best-metric); 0 = keep all",
         bounds=NON_NEGATIVE,
         resumable=True,
     )

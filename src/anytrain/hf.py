@@ -197,10 +197,18 @@ def checkpoint_activations(model) -> None:
     """Recompute each block's activations in the backward pass, with torch's non-reentrant checkpoint (which
     restores the RNG state, so dropout draws the same masks). transformers 5.24 renamed the method."""
     kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    refused = (
+        f"--gradient-checkpointing: {type(model).__name__} ({model.config.model_type}) cannot recompute its blocks"
+    )
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"{refused}: transformers does not support it for this architecture; train without it")
+    try:
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    except (ValueError, NotImplementedError, AttributeError) as e:
+        raise ConfigError(f"{refused} ({first_line(e)}); train without it") from None
     if getattr(model.config, "use_cache", None):
         model.config.use_cache = (
             False  # a cache of keys and values is for generating, not for training (export restores it)

@@ -13,6 +13,7 @@ their count); evaluation also gets each row's summed loss, targets and correct t
 from __future__ import annotations
 
 import os
+import sys
 import types
 from dataclasses import dataclass
 
@@ -129,12 +130,43 @@ def install(model: nn.Module) -> str | None:
     return reason
 
 
+def routes(model: nn.Module, kwargs: dict) -> bool:
+    """Whether a mixture of experts' own loss adds its router's load-balancing loss (output_router_logits on)."""
+    if getattr(model, "router_aux_loss_coef", None) is None:
+        return False
+    return bool(kwargs.get("output_router_logits", getattr(model.config, "output_router_logits", False)))
+
+
+def router_loss(model: nn.Module, outputs, attention_mask) -> torch.Tensor:
+    """The load-balancing loss times its coefficient, as the model's own forward adds it: its module's
+    load_balancing_loss_func over the router logits (padding left out where a 2D mask says which it is)."""
+    func = sys.modules[type(model).__module__].load_balancing_loss_func
+    mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+    aux = func(outputs.router_logits, model.num_experts, model.num_experts_per_tok, mask)
+    return model.router_aux_loss_coef * aux
+
+
+def describe_router(model: nn.Module) -> str | None:
+    """What the start-up line says of a mixture of experts' load-balancing loss (None: not one)."""
+    if getattr(model, "router_aux_loss_coef", None) is None:
+        return None
+    if routes(model, {}):
+        return (
+            f"its router's load-balancing loss is added (router_aux_loss_coef {model.router_aux_loss_coef}), as its own"
+        )
+    return "its config has output_router_logits off, so no load-balancing loss is added (as its own loss)"
+
+
 def fused_forward(own_forward):
     def forward(self, *args, labels=None, num_items_in_batch=None, **kwargs):
         if labels is None:
             return own_forward(self, *args, **kwargs)
         backbone = getattr(self, self.base_model_prefix)
-        hidden = backbone(*args, **{**kwargs, "use_cache": False}).last_hidden_state[:, :-1]
+        router = routes(self, kwargs)
+        outputs = backbone(
+            *args, **{**kwargs, "use_cache": False, **({"output_router_logits": True} if router else {})}
+        )
+        hidden = outputs.last_hidden_state[:, :-1]
         targets = labels[:, 1:]  # position t predicts token t + 1
         head = self.get_output_embeddings()
         chunk = chunk_tokens(head.weight.shape[0])
@@ -145,6 +177,9 @@ def fused_forward(own_forward):
         flat = hidden.reshape(-1, hidden.shape[-1])
         total = LinearCrossEntropy.apply(flat, head.weight, head.bias, targets.reshape(-1), chunk)
         count = num_items_in_batch if num_items_in_batch is not None else (targets != IGNORE).sum().clamp(min=1)
-        return FusedOutput(total / count)
+        loss = total / count
+        if router:
+            loss = loss + router_loss(self, outputs, kwargs.get("attention_mask"))
+        return FusedOutput(loss)
 
     return forward

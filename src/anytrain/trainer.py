@@ -27,7 +27,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import IMPORTED_AT
-from .best import BestWeights
+from .best import BestWeights, Criterion
 from .checkpoint import (
     Progress,
     find_resume_checkpoint,
@@ -45,7 +45,7 @@ from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weigh
 from .runfolder import check_run_folder, check_writable, start_run_folder
 from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator
-from .tasks import META_KEY, Task, check_loss, evaluate, training_loss, user_loss_function
+from .tasks import META_KEY, Task, best_criterion, check_loss, evaluate, training_loss, user_loss_function
 from .tasks.settle import Settled, load
 from .usermodel import forward_for, model_name
 
@@ -269,6 +269,9 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     settled, task, data = load_data(accelerator, cfg, given.dataset)
     cfg = settled.cfg  # a new config: the task settled, as config.yaml and the checkpoints hold it
     accelerator.print(f"anytrain: task {task.name} ({settled.reason})")
+    best_by = best_criterion(task)
+    why = f"the headline metric of {task.name}" if best_by.metric == task.headline else "--best-metric"
+    accelerator.print(f"anytrain: the best weights and early stopping follow the {best_by} ({why})")
     for note in (*settled.notes, *data.notes):  # defaults fitted to the model, skipped files, a quantity-like label
         accelerator.print(f"anytrain: {note}")
     check_run_folder(cfg)
@@ -374,6 +377,7 @@ class Loop:
         self.speed = Throughput()
         self.val: dict = {}  # the last validation's metrics
         self.best = BestWeights(cfg.eval.final_weights == "best")  # the best validation's weights (best.py)
+        self.best_by = best_criterion(parts.task)  # --best-metric and which way it improves
         if parts.resume_from is not None:
             self.best.resume(
                 model_of(accelerator, parts.model), parts.resume_from, parts.progress.best_step, parts.progress.step
@@ -500,8 +504,15 @@ class Loop:
             model.train()
         self.val = {k: v for k, v in result.items() if k != "samples"}
         self.log.write(kind="eval", split="validation", step=progress.step, epoch=progress.epoch, **self.val)
-        if result["loss"] < progress.best_val_loss - self.cfg.eval.early_stopping_min_delta:
-            progress.best_val_loss, progress.evals_without_improvement = result["loss"], 0
+        if self.best_by.metric not in self.val:  # a model that returns its loss alone: no logits to score
+            accelerator.print(
+                f"anytrain: WARNING: validation has no {self.best_by.metric} (the model returns its loss "
+                "alone): the best weights and early stopping follow the validation loss"
+            )
+            self.best_by = Criterion("loss", higher=False)
+        value = self.val[self.best_by.metric]
+        if self.best_by.improves(value, progress.best_value, self.cfg.eval.early_stopping_min_delta):
+            progress.best_value, progress.evals_without_improvement = value, 0
             progress.best_step, progress.best_val = progress.step, self.val
             with self.speed.paused():  # a copy on the CPU: not training time
                 self.best.take(model_of(accelerator, model), progress.step)
@@ -576,14 +587,15 @@ def write_curves(run_dir: Path) -> None:
         print(f"anytrain: WARNING: could not draw {run_dir / 'curves.png'}: {e}", file=sys.stderr)
 
 
-def describe_weights(weights: dict, progress: Progress) -> str:
+def describe_weights(weights: dict, progress: Progress, metric: str) -> str:
     """Which weights the final metrics and model.safetensors are, in words."""
     if weights["final_weights"] == "last":
         return f"the last step's weights, step {progress.step}"
+    best = f"the weights of the best validation {metric}"
     if weights["final_weights_step"] == progress.step:
-        return f"the best validation's weights: the last step's, {progress.step}"
+        return f"{best}: the last step's, {progress.step}"
     step = weights["final_weights_step"]
-    return f"the best validation's weights, step {step} of {progress.step}; --final-weights last for the last"
+    return f"{best}, step {step} of {progress.step}; --final-weights last for the last"
 
 
 def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: float) -> dict:
@@ -602,7 +614,8 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
     summary = {
         **{f"test_{k}": v for k, v in test.items()},
         **{f"val_{k}": v for k, v in val.items()},
-        "best_val_loss": progress.best_val_loss,
+        "best_metric": loop.best_by.metric,
+        f"best_val_{loop.best_by.metric}": progress.best_value,
         **weights,  # which weights; each rank's fingerprint of them, and of the last step's
         "epochs_completed": epochs_completed,
         "optimizer_steps": progress.step,
@@ -630,8 +643,9 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
         if cfg.run.plot:
             write_curves(run_dir)
         final = test and {f"test_{k}": v for k, v in test.items()} or {f"val_{k}": v for k, v in val.items()}
+        which = describe_weights(weights, progress, loop.best_by.metric)
         accelerator.print(
-            f"anytrain: {', '.join(f'{k} {v:.4f}' for k, v in final.items())} ({describe_weights(weights, progress)}), "
+            f"anytrain: {', '.join(f'{k} {v:.4f}' for k, v in final.items())} ({which}), "
             f"{summary['wall_time_s']:.1f}s, run folder {run_dir}"
         )
     loop.log.close()

@@ -65,49 +65,88 @@ def render(tokenizer, messages: list, generation_prompt: bool = False) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
 
-def chat_spans(tokenizer, messages: list, learn_from: int, where: str) -> tuple[str, list[tuple[int, int]]]:
-    """The conversation's text and the character spans of its assistant turns from index `learn_from` on."""
+Piece = tuple[str, list[tuple[int, int]]]  # a text to train on and the character spans of its answers
+
+
+def chat_pieces(tokenizer, messages: list, learn_from: int, where: str) -> list[Piece]:
+    """The conversation as the texts to train on, with the character spans of its assistant turns from index
+    `learn_from` on: one text, the conversation rendered once, where the template renders every answer there as
+    it does when the answer is the last turn; else (a template that rewrites earlier turns, such as one that
+    drops their reasoning) one text per answer: the turns through it, as the template renders them then."""
     try:
         text = render(tokenizer, messages)
-        spans = []
-        for k, turn in enumerate(messages):
-            if turn["role"] != "assistant" or k < learn_from:
-                continue
-            before, through = render(tokenizer, messages[:k], True), render(tokenizer, messages[: k + 1])
-            if not (text.startswith(through) and through.startswith(before)):
-                raise ConfigError(
-                    f"{where}: the model's chat template renders turn {k} differently as the conversation goes on "
-                    "(it rewrites earlier turns), so its answer cannot be found in the text"
-                )
-            spans.append((len(before), len(through)))
+        turns = [k for k, turn in enumerate(messages) if turn["role"] == "assistant" and k >= learn_from]
+        alone = [answer_alone(tokenizer, messages, k, where) for k in turns]
+        spans = [span_in(tokenizer, text, through, start) for through, start in alone]
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - a template raises what its author chose (roles out of order, ...)
         raise ConfigError(f"{where}: the model's chat template cannot render it ({first_line(e)})") from None
-    return text, spans
+    if all(span is not None for span in spans):
+        return [(text, [span for span in spans if span is not None])]
+    return [(through, [(start, len(through))]) for through, start in alone]
+
+
+def answer_alone(tokenizer, messages: list, k: int, where: str) -> tuple[str, int]:
+    """(the turns through answer k as the template renders them, where the answer starts): after the turns
+    before it rendered with the generation prompt."""
+    before, through = render(tokenizer, messages[:k], True), render(tokenizer, messages[: k + 1])
+    if not through.startswith(before):
+        raise ConfigError(
+            f"{where}: the model's chat template does not render turn {k} as a continuation of its generation "
+            "prompt (the prompt asks for text the answer does not start with), so the answer cannot be trained as "
+            "the model would generate it"
+        )
+    return through, len(before)
+
+
+def span_in(tokenizer, text: str, through: str, start: int) -> tuple[int, int] | None:
+    """Where the answer of `through` (from `start` on) lies in the conversation's text, None where the template
+    renders it otherwise there. Through its end when `through` begins the text; else up to the last whole token
+    the two share, when what `through` has after it closes the whole text too (a template that ends a
+    conversation with its end-of-text token, but not each turn)."""
+    if text.startswith(through):
+        return start, len(through)
+    if not text.startswith(through[:start]):
+        return None
+    shared = next((n for n, (a, b) in enumerate(zip(through, text)) if a != b), min(len(through), len(text)))
+    offsets = tokenizer(through, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    end = max((b for _, b in offsets if b <= shared), default=0)
+    if end <= start or not text.endswith(through[end:]):
+        return None
+    return start, end
 
 
 class Renderer:
-    """A split's rows -> (text, learned character spans), one format, checked row by row."""
+    """A split's rows -> the texts to train on with their learned character spans (chat_pieces), one format,
+    checked row by row; counts the answers, and the empty ones."""
 
     def __init__(self, form: str, column: str, tokenizer, source: str, split: str):
         self.form, self.column, self.tokenizer, self.source, self.split = form, column, tokenizer, source, split
+        self.answers = self.empty = 0
 
-    def __call__(self, row: dict, index: int) -> tuple[str, list[tuple[int, int]]]:
+    def __call__(self, row: dict, index: int) -> list[Piece]:
         where = f"--dataset: row {index} of the {self.split} split of {self.source}"
         if self.form == MESSAGES:
             check_messages(row[self.column], f"{where}, column '{self.column}'")
-            return chat_spans(self.tokenizer, row[self.column], 0, where)
+            return self.chat(row[self.column], 0, where)
         prompt, completion = row[PROMPT], row[COMPLETION]
         if isinstance(prompt, str) and isinstance(completion, str):
             if not prompt.strip() or not completion.strip():
                 raise ConfigError(f"{where}: an empty prompt or completion")
+            self.answers += 1
             text = prompt + completion + (self.tokenizer.eos_token or "")
-            return text, [(len(prompt), len(text))]
+            return [(text, [(len(prompt), len(text))])]
         if isinstance(prompt, list) and isinstance(completion, list):
             check_messages(prompt + completion, f"{where}, columns prompt + completion")
-            return chat_spans(self.tokenizer, prompt + completion, len(prompt), where)
+            return self.chat(prompt + completion, len(prompt), where)
         raise ConfigError(f"{where}: prompt and completion must both be text or both be lists of messages")
+
+    def chat(self, messages: list, learn_from: int, where: str) -> list[Piece]:
+        answers = [t["content"] for t in messages[learn_from:] if t["role"] == "assistant"]
+        self.answers += len(answers)
+        self.empty += sum(not answer.strip() for answer in answers)
+        return chat_pieces(self.tokenizer, messages, learn_from, where)
 
 
 def tokenise(tokenizer, text: str, spans: list[tuple[int, int]], plain: bool) -> tuple[list[int], list[int]]:
@@ -121,7 +160,9 @@ def tokenise(tokenizer, text: str, spans: list[tuple[int, int]], plain: bool) ->
 
 
 def encode_split(ds, renderer: Renderer):
-    """The split's rows as a datasets.Dataset of input_ids and labels (errors name the row as read)."""
+    """The split's rows as a datasets.Dataset of input_ids and labels, a list of each per conversation (its
+    pieces: chat_pieces), so that carving a validation split keeps a conversation whole (errors name the row as
+    read)."""
     import datasets
 
     if len(ds) == 0:
@@ -129,10 +170,20 @@ def encode_split(ds, renderer: Renderer):
     plain = not templated(renderer.form, ds)
     ids, labels = [], []
     for index, row in enumerate(ds):
-        row_ids, row_labels = tokenise(renderer.tokenizer, *renderer(row, index), plain)
-        ids.append(row_ids)
-        labels.append(row_labels)
+        pieces = [tokenise(renderer.tokenizer, text, spans, plain) for text, spans in renderer(row, index)]
+        ids.append([piece_ids for piece_ids, _ in pieces])
+        labels.append([piece_labels for _, piece_labels in pieces])
     return datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
+
+
+def check_answers(renderers: list[Renderer], source: str) -> list[str]:
+    """Empty assistant answers teach only the end of a turn: counted, said at start, refused when all are."""
+    answers, empty = sum(r.answers for r in renderers), sum(r.empty for r in renderers)
+    if answers and empty == answers:
+        raise ConfigError(f"--dataset: every assistant answer in {source} is empty: there is nothing to learn")
+    if not empty:
+        return []
+    return [f"{empty:,} of {answers:,} assistant answers in {source} are empty: only their end of turn is learned"]
 
 
 class ChatRows(Dataset):
@@ -208,10 +259,13 @@ def chat_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
     column = (cfg.data.text_column or MESSAGES) if form == MESSAGES else PROMPT
     check_tokenizer(cfg, tokenizer, form, train)
     max_length, multiple = cfg.data.max_length, pad_multiple()
-    encoded = {name: encode_split(ds, Renderer(form, column, tokenizer, source, name)) for name, ds in splits.items()}
+    renderers = {name: Renderer(form, column, tokenizer, source, name) for name in splits}
+    encoded = {name: encode_split(ds, renderers[name]) for name, ds in splits.items()}
+    notes = check_answers(list(renderers.values()), source)
     rows, dropped, stops = {}, 0, []
     for name, ds in carve_rows(encoded, cfg, source).items():
-        ids, labels = ds["input_ids"], ds["labels"]
+        ids = [piece for row in ds["input_ids"] for piece in row]  # a conversation's pieces, in order
+        labels = [piece for row in ds["labels"] for piece in row]
         if name == "train":
             stops = stop_ids(tokenizer, labels)
             dropped = sum(t != IGNORE for row in labels for t in row[max_length:])
@@ -225,7 +279,9 @@ def chat_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
         "chat_format": form,
         "chat_template": "yes" if templated(form, train) else "no",
     }
-    return splits_of(rows, cfg, tokenizer, source, (form, column, meta), dropped)
+    splits = splits_of(rows, cfg, tokenizer, source, (form, column, meta), dropped)
+    splits.notes.extend(notes)
+    return splits
 
 
 def splits_of(rows: dict, cfg: TrainConfig, tokenizer, source: str, chats: tuple, dropped: int) -> Splits:

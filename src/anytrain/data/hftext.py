@@ -20,6 +20,7 @@ from .packing import PackedRows
 from .sources import carve_rows, opened
 from .splits import Splits
 from .targets import labelled_rows
+from .text import lm_column
 from .textcls import check_texts
 
 
@@ -58,7 +59,7 @@ def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> Splits
     """Read, check and split the dataset as for any labelled table (labels only for classify), then
     tokenise every split with the model's tokenizer, truncated at --max-length."""
     splits, source = opened(cfg, given)
-    column = cfg.data.text_column
+    column = lm_column(cfg) if task == "lm" else cfg.data.text_column
     if not column:
         raise ConfigError("--text-column: a transformers model needs the column that holds the text")
     label = cfg.data.label_column if task == "classify" else None
@@ -70,7 +71,7 @@ def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> Splits
         parts = {name: (ds, None) for name, ds in carve_rows(splits, cfg, source).items()}
         num_classes, class_names = 0, None
     if task == "lm":
-        return lm_splits(parts, cfg, tokenizer, source)
+        return lm_splits(parts, cfg, tokenizer, source, column)
     multiple = pad_multiple()
 
     def tokenise(batch):
@@ -83,10 +84,10 @@ def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> Splits
     return hf_text_splits(rows, tokenizer, num_classes, class_names, cfg.data.max_length, source, [column])
 
 
-def lm_splits(parts: dict, cfg: TrainConfig, tokenizer, source: str) -> Splits:
-    """A causal LM's texts, tokenised whole: packed into rows (--packing, data/packing.py), else truncated at
-    --max-length, the tokens that drops counted and said at start."""
-    column, max_length = cfg.data.text_column, cfg.data.max_length
+def lm_splits(parts: dict, cfg: TrainConfig, tokenizer, source: str, column: str) -> Splits:
+    """A causal LM's texts (`column`), tokenised whole: packed into rows (--packing, data/packing.py), else
+    truncated at --max-length, the tokens that drops counted and said at start."""
+    max_length = cfg.data.max_length
     multiple = pad_multiple()
     rows, dropped = {}, {}
     for name, (ds, _) in parts.items():

@@ -80,6 +80,11 @@ def text_facts(vocab, train: TokenWindows, validation: TokenWindows) -> dict:
 # --------------------------------------------------------------------------- loading
 
 
+def lm_column(cfg: TrainConfig) -> str:
+    """The column of text a language model learns: --text-column, 'text' when it is left empty."""
+    return cfg.data.text_column or "text"
+
+
 def load_text_splits(cfg: TrainConfig, given=None) -> Splits:
     """Load the text named by cfg.data.dataset (or `given`, a datasets object), build the vocabulary,
     tokenise; ConfigError on bad input."""
@@ -87,7 +92,7 @@ def load_text_splits(cfg: TrainConfig, given=None) -> Splits:
         splits, source = named_splits(given), f"{type(given).__name__} object"
     else:
         splits, source = _load_text_datasets(cfg)
-    column = cfg.data.text_column or "text"
+    column = lm_column(cfg)
     pieces = {name: _split_text(ds, column, source, name) for name, ds in splits.items()}
     if "validation" not in pieces:
         ds, _, stop = pieces["train"]
@@ -198,14 +203,12 @@ def choose_vocab(cfg: TrainConfig, pieces: dict, source: str):
     or misses validation/test characters (then bytes)."""
     if cfg.data.tokenizer == "bpe":
         ds, start, stop = pieces["train"]
-        return bpe_for_run(cfg, lambda: _chunks(ds, cfg.data.text_column or "text", start, stop), source)
+        return bpe_for_run(cfg, lambda: _chunks(ds, lm_column(cfg), start, stop), source)
     if cfg.data.tokenizer == "byte":
         return Vocab("byte")
-    train_chars = set().union(
-        *(set(t) for t in _chunks(pieces["train"][0], cfg.data.text_column or "text", *pieces["train"][1:]))
-    )
+    train_chars = set().union(*(set(t) for t in _chunks(pieces["train"][0], lm_column(cfg), *pieces["train"][1:])))
     other = {
-        name: set().union(*(set(t) for t in _chunks(ds, cfg.data.text_column or "text", a, b)))
+        name: set().union(*(set(t) for t in _chunks(ds, lm_column(cfg), a, b)))
         for name, (ds, a, b) in pieces.items()
         if name != "train"
     }

@@ -19,7 +19,7 @@ once, before anything is written. Adding a task is its module plus its line here
 from __future__ import annotations
 
 from ..config import TrainConfig
-from .base import BaseTask, Task, check_loss, evaluate, training_loss, user_loss_function
+from .base import BaseTask, Task, best_criterion, check_loss, evaluate, training_loss, user_loss_function
 from .classify import Classification
 from .hf_image import HFImageClassification
 from .hf_lm import HFCausalLM
@@ -64,6 +64,7 @@ def task_of_run(cfg: TrainConfig, meta: dict) -> Task:
 __all__ = [
     "REGISTRY",
     "Task",
+    "best_criterion",
     "check_loss",
     "evaluate",
     "make_task",

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..best import HIGHER, LOWER, Criterion
 from ..config import ConfigError, TrainConfig, first_line
 from ..data.splits import Splits
 from ..shape import DataShape
@@ -41,6 +42,8 @@ class Task(Protocol):
     name: str  # the --task it trains: classify, regress, multilabel, lm, ...
     cfg: TrainConfig
     targets_to_model: bool  # the loop passes the targets to a model whose forward takes them (its own loss)
+    goals: dict[str, str]  # every metric `metrics` returns, and which way it improves (best.HIGHER or LOWER)
+    headline: str  # the metric users judge the task by: the best weights' and early stopping's by default
 
     def load_data(self, given=None) -> Splits: ...  # read, check, split; ConfigError (one line) on bad data
     def build_model(self, given=None) -> nn.Module: ...  # the model to train, checked on a batch of 2
@@ -69,6 +72,8 @@ class BaseTask:
     key = ""  # its registry line, set by tasks.make_task
     data: Splits
     targets_to_model = True
+    goals: dict[str, str] = {"loss": LOWER}
+    headline = "loss"
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -148,6 +153,12 @@ class BaseTask:
         """Nothing beyond model.safetensors."""
 
 
+def best_criterion(task: Task) -> Criterion:
+    """What picks the best validation: --best-metric, by default (auto) the task's headline metric."""
+    metric = task.headline if task.cfg.eval.best_metric == "auto" else task.cfg.eval.best_metric
+    return Criterion(metric, task.goals[metric] == HIGHER)
+
+
 # --------------------------------------------------------------------------- the loss the loop trains on
 
 
@@ -213,7 +224,10 @@ def evaluate(model: nn.Module, batches, task: Task, gather=None, forward: Callab
             count += len(stats["loss"])
     if sums is None:
         raise ConfigError("evaluation: a split has no batches")
-    return {**task.metrics({k: v.cpu() for k, v in sums.items()}, count), "samples": count}
+    metrics = task.metrics({k: v.cpu() for k, v in sums.items()}, count)
+    if "loss" not in metrics or not metrics.keys() <= task.goals.keys():  # each metric's direction is declared
+        raise TypeError(f"task {task.name}: metrics() returned {sorted(metrics)}, its goals name {sorted(task.goals)}")
+    return {**metrics, "samples": count}
 
 
 def per_position(outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..best import HIGHER, LOWER
 from ..config import ConfigError
 from ..data.splits import Splits
 from ..shape import DataShape
@@ -67,6 +68,8 @@ class Labelled(BaseTask):
 
 class Classification(Labelled):
     name = "classify"
+    goals = {"loss": LOWER, "accuracy": HIGHER}
+    headline = "accuracy"
 
     def load_data(self, given=None) -> Splits:
         if not self.cfg.data.text_column:

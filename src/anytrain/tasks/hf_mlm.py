@@ -11,6 +11,7 @@ from typing import cast
 
 import torch
 
+from ..best import HIGHER, LOWER
 from ..data.hfmasked import MaskedRows, masked_splits
 from ..data.splits import Splits
 from ..hf import Head
@@ -20,6 +21,7 @@ from .transformers import TokenWeighted
 
 class MaskedLM(TokenWeighted):
     name = "mlm"
+    goals = {"loss": LOWER, "perplexity": LOWER, "accuracy": HIGHER}
     head = Head("AutoModelForMaskedLM", "masked-LM")
 
     def load_data(self, given=None) -> Splits:

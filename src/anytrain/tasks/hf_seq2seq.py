@@ -15,6 +15,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from ..best import HIGHER
 from ..config import ConfigError
 from ..data.splits import Splits
 from ..hf import Head
@@ -53,6 +54,8 @@ def unwrapped(model: nn.Module) -> nn.Module:
 
 class Seq2Seq(TokenWeighted):
     name = "seq2seq"
+    goals = {**TokenWeighted.goals, "exact_match": HIGHER, "bleu": HIGHER}
+    headline = "exact_match"
     head = Head("AutoModelForSeq2SeqLM", "sequence-to-sequence")
 
     def load_data(self, given=None) -> Splits:

@@ -15,6 +15,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from ..best import HIGHER
 from ..config import ConfigError
 from ..data.splits import Splits
 from ..shape import IGNORE
@@ -37,6 +38,8 @@ def last_answer(ids: torch.Tensor, targets: torch.Tensor, length: int) -> tuple[
 
 class SupervisedFineTuning(HFCausalLM):
     name = "sft"
+    goals = {**HFCausalLM.goals, "exact_match": HIGHER}
+    headline = "exact_match"
     stops: list[int] = []
     shown: list[str] = []
 

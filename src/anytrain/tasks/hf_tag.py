@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..best import HIGHER
 from ..data.splits import Splits
 from ..hf import Head
 from ..shape import IGNORE
@@ -22,6 +23,8 @@ from .transformers import TokenWeighted
 
 class TokenClassification(TokenWeighted):
     name = "tag"
+    goals = {**TokenWeighted.goals, "precision": HIGHER, "recall": HIGHER, "f1": HIGHER}
+    headline = "f1"
     head = Head("AutoModelForTokenClassification", "token-classification", labelled=True)
 
     def load_data(self, given=None) -> Splits:

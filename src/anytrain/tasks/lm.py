@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..best import HIGHER, LOWER
 from ..config import ConfigError
 from ..data.splits import Splits
 from ..gpt import GPT
@@ -22,6 +23,7 @@ from .base import BaseTask, means, per_position
 
 class LanguageModel(BaseTask):
     name = "lm"
+    goals = {"loss": LOWER, "perplexity": LOWER, "accuracy": HIGHER}
 
     def load_data(self, given=None) -> Splits:
         from ..data.text import load_text_splits

@@ -9,6 +9,7 @@ import json
 import torch
 from torch.nn import functional as F
 
+from ..best import HIGHER, LOWER
 from ..shape import DataShape
 from ..usermodel import logits_of
 from .classify import Labelled
@@ -16,6 +17,8 @@ from .classify import Labelled
 
 class MultiLabel(Labelled):
     name = "multilabel"
+    goals = {"loss": LOWER, "micro_f1": HIGHER, "macro_f1": HIGHER, "exact_match": HIGHER}
+    headline = "micro_f1"
 
     def threshold(self) -> float:
         return self.cfg.eval.threshold

@@ -10,6 +10,7 @@ import math
 import torch
 from torch.nn import functional as F
 
+from ..best import HIGHER, LOWER
 from ..data.splits import Splits
 from ..shape import DataShape
 from ..usermodel import logits_of
@@ -18,6 +19,8 @@ from .classify import Labelled
 
 class Regression(Labelled):
     name = "regress"
+    goals = {"loss": LOWER, "rmse": LOWER, "mae": LOWER, "r2": HIGHER}
+    headline = "r2"
 
     def load_data(self, given=None) -> Splits:
         data = super().load_data(given)

@@ -40,7 +40,18 @@ def settle(cfg: TrainConfig, given=None) -> Settled:
     if cfg.model.gradient_checkpointing:
         notes += ("gradient checkpointing: each block's activations are recomputed in the backward pass",)
     check_fits(cfg, key, reason)
-    return Settled(cfg, key, reason, named + notes)
+    return Settled(best_metric(cfg, key), key, reason, named + notes)
+
+
+def best_metric(cfg: TrainConfig, key: str) -> TrainConfig:
+    """--best-metric auto -> the task's headline metric; any other name must be one the task logs."""
+    task = REGISTRY[key]
+    name = cfg.eval.best_metric
+    if name == "auto":
+        return cfg.replace(best_metric=task.headline)
+    if name not in task.goals:
+        raise ConfigError(f"--best-metric: --task {task.name} logs {', '.join(task.goals)} on validation, not '{name}'")
+    return cfg
 
 
 def fitted_defaults(cfg: TrainConfig, key: str) -> tuple[TrainConfig, tuple[str, ...]]:

@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .. import lora
+from ..best import HIGHER, LOWER
 from ..data.splits import Splits
 from ..hf import Head
 from ..shape import IGNORE, DataShape
@@ -61,6 +62,8 @@ class Transformers(BaseTask):
         if self.head.auto_class == "AutoModelForCausalLM":  # no key-value cache built in training (as TRL): it
             model.config.use_cache = False  # costs memory, and turns off transformers' mask per packed text
             self.fused_loss(model)
+        if self.cfg.data.packing:
+            self.keep_texts_apart(model)
         if self.cfg.model.gradient_checkpointing:
             hf.checkpoint_activations(model)
         if self.cfg.model.lora_r:  # the weights frozen, adapters beside them trained
@@ -85,6 +88,18 @@ class Transformers(BaseTask):
             say(f"anytrain: the loss is taken from the output layer {chunk} tokens at a time (no full logits)")
         else:
             say(f"anytrain: the model computes its own loss from its full logits: {why}")
+        router = lmhead.describe_router(model)
+        if router is not None:
+            say(f"anytrain: a mixture of experts: {router}")
+
+    def keep_texts_apart(self, model: nn.Module) -> None:
+        """--packing: how this model keeps the texts of a row apart, checked on it (packed.py), or refused."""
+        from accelerate.state import PartialState
+
+        from .. import packed
+
+        self.packed_by = packed.keep_apart(model)
+        PartialState().print(f"anytrain: --packing: {packed.SAID[self.packed_by]}")
 
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
         from .. import hf
@@ -96,7 +111,10 @@ class Transformers(BaseTask):
     def describe_data(self, model: nn.Module) -> dict:
         from ..hf import checkpoints_activations
 
-        return {**BaseTask.describe_data(self, model), "gradient_checkpointing": checkpoints_activations(model)}
+        facts = {**BaseTask.describe_data(self, model), "gradient_checkpointing": checkpoints_activations(model)}
+        if self.cfg.data.packing:
+            facts["packed_texts_kept_apart_by"] = self.packed_by  # "positions", or "mask" (packed.py)
+        return facts
 
     def weights_metadata(self) -> dict:
         from ..hf import FOLDER
@@ -181,6 +199,7 @@ class TokenWeighted(Transformers):
     steps. Evaluation: the mean over every target token of the split, and the accuracy of its tokens."""
 
     targets_to_model = False
+    goals = {"loss": LOWER, "accuracy": HIGHER}
     share: float | None = None  # the current training batch's step share (train_batches sets it)
 
     def targets_per_row(self, epoch: int):
