@@ -116,6 +116,7 @@ COMMON = {
     "max_grad_norm": 0.5,
     "log_every_steps": 3,
     "progress": False,
+    "final_weights": "last",  # the tutorial loop ends with its last step's weights
 }
 
 

@@ -96,9 +96,10 @@ def test_checkpoints_kept_last_k_plus_best_with_pointers(tmp_path):
     assert latest == "step-000120" and latest in kept
     assert best in kept and set(kept) <= {best, "step-000115", "step-000120"}
     assert not list(folder.glob(".tmp-*"))
-    # the best pointer names the checkpoint saved right after the lowest validation loss
+    # the best pointer names the checkpoint saved right after the best validation: the highest accuracy (the
+    # headline metric of classify), of equal ones the lowest loss
     evals = [m for m in read_metrics(tmp_path / "run") if m.get("split") == "validation"]
-    assert int(best.split("-")[1]) == min(evals, key=lambda m: m["loss"])["step"]
+    assert int(best.split("-")[1]) == max(evals, key=lambda m: (m["accuracy"], -m["loss"]))["step"]
 
 
 def test_a_kill_during_save_leaves_the_previous_checkpoint_usable(tmp_path):

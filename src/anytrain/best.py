@@ -31,12 +31,16 @@ class Criterion:
     metric: str
     higher: bool  # a higher value is better (accuracy), else a lower one (loss)
 
-    def improves(self, value: float, best: float | None, min_delta: float) -> bool:
-        """Whether `value` beats the best so far (None: none yet) by more than min_delta; a NaN never does."""
+    def improves(self, value: float, best: float | None, min_delta: float, loss: float, best_loss: float) -> bool:
+        """Whether a validation beats the best so far (best None: none yet): its metric by more than min_delta,
+        or the same metric at a lower loss (accuracy is coarse: of two validations alike in it, the one with
+        the lower loss); a NaN never does."""
         if not math.isfinite(value):
             return False
         if best is None:
             return True
+        if value == best and self.metric != "loss":
+            return loss < best_loss
         return value > best + min_delta if self.higher else value < best - min_delta
 
     def __str__(self) -> str:
