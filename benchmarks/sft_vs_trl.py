@@ -8,14 +8,11 @@ section when trl is installed (`make install-peers`); alone: `python benchmarks/
 import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import toolkit
+from peers import sft_job
 from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head, write_json
-
-sys.path.insert(0, str(BENCH / "peers"))
-import sft_job  # noqa: E402
 
 WIDE = ["--max-steps", str(sft_job.WIDE_STEPS)]
 VARIANTS = [  # (name, trainer, kind, extra anytrain options: the wide head's --max-steps picks its model)

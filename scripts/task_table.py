@@ -21,13 +21,13 @@ def data_helpers(path: Path) -> list[str]:
 
 
 def rows() -> list[str]:
-    from anytrain.tasks import REGISTRY
+    from anytrain.tasks import classes
 
     out = []
-    for key, cls in REGISTRY.items():
+    for key, cls in classes().items():
         path = Path(inspect.getfile(cls))
         lines = len(path.read_text().splitlines())
-        bases = [b.__name__ for b in cls.__bases__ if b.__module__ != "anytrain.tasks.base"]
+        bases = [b.__name__ for b in cls.__bases__ if b.__module__ != "anytrain.tasks.contract"]
         helpers = ", ".join(f"`data/{h}.py`" for h in data_helpers(path))
         out.append(f"| `{key}` | `tasks/{path.name}` | {lines} | {', '.join(bases) or '—'} | {helpers or '—'} |")
     return out

@@ -12,12 +12,17 @@ from anytrain.config import OPTIONS, SECTIONS, ConfigError, TrainConfig, build_p
 
 
 def options_task(cfg):
-    """The task the options settle (tasks/settle.py); None for labelled data, whose labels then decide
-    (classify, regress or multilabel: tests/test_tasks.py)."""
-    from anytrain.tasks.settle import bundled_columns, task_from_options
+    """The task the options settle before any labels are read: --task when given, else lm where the language
+    model's `detect` recognises text from the options alone (it reads no file for that); None for labelled data,
+    whose labels then decide (classify, regress or multilabel: tests/test_tasks.py)."""
+    from anytrain.data.describe import Source
+    from anytrain.tasks.lm import LanguageModel
+    from anytrain.tasks.settle import bundled_columns
 
-    said = task_from_options(bundled_columns(cfg))
-    return said and said[0]
+    cfg = bundled_columns(cfg)
+    if cfg.data.task != "auto":
+        return cfg.data.task
+    return "lm" if LanguageModel.detect(Source(cfg)) else None
 
 
 def test_defaults_are_the_dataclass_defaults():
@@ -160,12 +165,10 @@ def test_the_anytrain_command_takes_train_as_an_optional_subcommand(capsys):
 
 def test_the_task_and_model_follow_the_data_unless_given():
     from anytrain.shape import DataShape
-    from anytrain.tasks.settle import bundled_columns, settle, task_from_options
+    from anytrain.tasks.settle import bundled_columns, settle
     from anytrain.usermodel import model_name
 
-    def task(cfg):  # None: labelled data, whose labels decide (classify, regress or multilabel: tests/test_tasks.py)
-        said = task_from_options(bundled_columns(cfg))
-        return said and said[0]
+    task = options_task
 
     assert task(TrainConfig()) is None and task(TrainConfig(dataset="shakespeare")) == "lm"
     assert task(TrainConfig(dataset="book.TXT")) == "lm" and task(TrainConfig(model="gpt")) == "lm"

@@ -1,6 +1,7 @@
-"""The house rules that keep a new task one module: every registered task fills in the whole written
-contract (tasks/base.py Task), the package has no import cycles, config.py reads no data and data/
-never reaches up into tasks/, and the config is frozen once made (a settled task is a new config)."""
+"""The house rules that keep a new task one module: every registered task passes the enforced contract
+(tasks/contract.py Task), no source file outside tasks/ names a task, the package has no import cycles,
+config.py reads no data and data/ never reaches up into tasks/, and the config is frozen once made (a settled
+task is a new config)."""
 
 from __future__ import annotations
 
@@ -11,26 +12,92 @@ from pathlib import Path
 
 import pytest
 
-from anytrain.config import TrainConfig
-from anytrain.tasks import REGISTRY, Task, make_task
+from anytrain.config import ConfigError, TrainConfig
+from anytrain.tasks import REGISTRY, classes, make_task
+from anytrain.tasks.classify import Classification
+from anytrain.tasks.contract import CAPABILITIES, Task, check
+
+REQUIRED = sorted(Task.__abstractmethods__)
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "anytrain"
 
 
-def test_every_registered_task_fills_in_the_whole_contract():
-    members = [name for name in Task.__dict__ if not name.startswith("_")] + list(Task.__annotations__)
-    for key, cls in REGISTRY.items():
+def test_every_registered_task_passes_the_enforced_contract():
+    """Each line of the registry is a contract.Task subclass with every required method, its capabilities
+    backed by their methods, and its name in its key; mypy (make lint) checks the signatures."""
+    for key, cls in classes().items():
+        check(cls, f"--task {key}")
         task = make_task(TrainConfig(), key)
-        assert isinstance(task, Task), key  # runtime_checkable: every member is there
-        for name in members:
-            assert hasattr(task, name), (key, name)
-            wanted = getattr(Task, name, None)
-            if not callable(wanted):
-                continue
-            expected = list(inspect.signature(wanted).parameters)
-            got = list(inspect.signature(getattr(cls, name)).parameters)
-            assert got == expected, f"{key}.{name}{tuple(got)} differs from the contract's {tuple(expected)}"
+        assert isinstance(task, Task) and task.key == key
         assert task.name == key.removeprefix("hf:").split("-")[0], key
+        for capability in task.offers:
+            assert all(callable(getattr(task, m)) for m in CAPABILITIES[capability]), (key, capability)
+
+
+def test_a_task_missing_a_required_method_or_a_capability_is_refused_in_one_line():
+    class Smooth(Classification):
+        name = "smooth"
+
+    del_loss = type("NoLoss", (Task,), {"name": "x", **{m: lambda *a: None for m in REQUIRED if m != "loss"}})
+    with pytest.raises(ConfigError, match=r"^--task f.py:NoLoss: NoLoss does not define the required method loss$"):
+        check(del_loss, "--task f.py:NoLoss")
+    check(Smooth, "--task f.py:Smooth")
+    Smooth.offers = frozenset({"predict", "sample"})
+    with pytest.raises(ConfigError, match=r"Smooth offers sample but does not define sample$"):
+        check(Smooth, "--task f.py:Smooth")
+    Smooth.offers = frozenset({"teleport"})
+    with pytest.raises(ConfigError, match=r"Smooth offers teleport \(known: predict, sample"):
+        check(Smooth, "--task f.py:Smooth")
+    with pytest.raises(ConfigError, match="is not a task class"):
+        check(dict, "--task f.py:dict")
+
+
+def test_no_refusal_stubs_a_capability_is_refused_from_its_declaration():
+    """predict on a run whose task does not offer it: one line from the declaration, before anything is read."""
+    from anytrain.tasks.contract import predictor, sampler
+
+    lm, mlm = make_task(TrainConfig(), "lm"), make_task(TrainConfig(), "hf:mlm")
+    with pytest.raises(ConfigError, match=r"^run_dir: --task lm has no predictions for rows; use `anytrain sample"):
+        predictor(lm, "run_dir")
+    with pytest.raises(ConfigError, match=r"^run_dir: --task mlm has no predictions for rows; its run_dir/hf"):
+        predictor(mlm, "run_dir")
+    with pytest.raises(ConfigError, match=r"^run_dir: --task classify does not sample text$"):
+        sampler(make_task(TrainConfig(), "classify"), "run_dir")
+    for cls in classes().values():
+        for method in ("predict_inputs", "predictions", "sample", "export"):
+            body = getattr(cls, method, None)
+            if body is not None and not getattr(body, "__isabstractmethod__", False):
+                assert "raise ConfigError" not in inspect.getsource(body).split("\n", 2)[-1][:200] or method in (
+                    "sample",
+                    "predict_inputs",
+                ), (cls, method)
+
+
+def string_constants(node) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [v for e in node.elts for v in string_constants(e)]
+    return []
+
+
+def test_outside_tasks_no_source_file_branches_on_a_task_name():
+    """The registry is the only list of tasks: no comparison, dict key or call argument names a task outside tasks/."""
+    names = {line.name for line in REGISTRY.values()} | set(REGISTRY)
+    found = []
+    for path in SRC.rglob("*.py"):
+        if "tasks" in path.relative_to(SRC).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            values = []
+            if isinstance(node, ast.Compare):
+                values = [v for side in (node.left, *node.comparators) for v in string_constants(side)]
+            elif isinstance(node, ast.Dict):
+                values = [v for k in node.keys if k is not None for v in string_constants(k)]
+            elif isinstance(node, ast.Call):
+                values = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            found += [f"{path.name}:{node.lineno} {v}" for v in values if v in names]
+    assert not found, found
 
 
 def imports(path: Path) -> list[str]:

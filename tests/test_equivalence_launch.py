@@ -206,7 +206,7 @@ def test_evaluation_is_identical_on_one_and_two_ranks(two_ranks_sgd, one_rank):
     from accelerate import Accelerator
 
     from anytrain.data.splits import make_loader
-    from anytrain.tasks import evaluate
+    from anytrain.tasks.base import evaluate
     from anytrain.tasks.settle import load
 
     summary, run_dir, _ = two_ranks_sgd

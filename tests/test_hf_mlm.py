@@ -69,7 +69,7 @@ def test_adapting_the_bert_lowers_its_perplexity_and_transformers_loads_it(folde
     from transformers import AutoModelForMaskedLM
 
     from anytrain.data.splits import make_loader
-    from anytrain.tasks import evaluate
+    from anytrain.tasks.base import evaluate
     from anytrain.tasks.settle import load
 
     cfg = parse_config(args(folders))

@@ -20,7 +20,7 @@ from anytrain.cli import main
 from anytrain.config import TrainConfig
 from anytrain.data.images import ImageRows, auto_image_workers
 from anytrain.predict import predict
-from anytrain.tasks.settle import load, task_from_options
+from anytrain.tasks.settle import load, settle
 
 EXAMPLE = ROOT / "examples" / "own_model.py"
 
@@ -185,7 +185,7 @@ def test_an_image_folder_with_stray_text_files_trains_as_images_and_counts_them(
     (folder / "notes.txt").write_text("where these images came from")
     (folder / "3" / "README.txt").write_text("the threes")
     (folder / ".DS_Store").write_bytes(b"hidden: datasets ignores it, and so does the count")
-    assert task_from_options(TrainConfig(dataset=str(folder))) is None  # not lm: the labels then make it classify
+    assert settle(TrainConfig(dataset=str(folder))).reason == "auto"  # not lm: the class folders make it classify
     s = anytrain.train(
         {"model": "mlp", "hidden_sizes": [64], "dropout": 0.0, "augment": [], "lr": 0.01, "epochs": 4},
         dataset=str(folder),
@@ -214,7 +214,7 @@ def test_a_folder_is_an_image_folder_when_it_holds_images_even_beside_more_text_
     text = tmp_path / "corpus"  # a folder of .txt files and no images is still text
     text.mkdir()
     (text / "a.txt").write_text("hello")
-    assert task_from_options(TrainConfig(dataset=str(text)))[0] == "lm"
+    assert settle(TrainConfig(dataset=str(text))).cfg.data.task == "lm"
 
 
 def _class_folders(root: Path, layout: dict[str, int]) -> Path:

@@ -20,7 +20,7 @@ from anytrain.config import ConfigError
 from anytrain.data.text import SHAKESPEARE_PATH, load_text_splits
 from anytrain.data.tokenizer import Vocab
 from anytrain.sample import sample
-from anytrain.tasks.settle import task_from_options
+from anytrain.tasks.settle import settle
 from anytrain.trainer import train
 
 SHAKESPEARE = SHAKESPEARE_PATH.read_text()
@@ -118,7 +118,7 @@ def test_a_txt_file_a_folder_of_them_and_a_parquet_text_column_load_the_same_way
     docs = ["hello world, " * 10, "goodbye moon. " * 10]
     pq.write_table(pa.table({"story": docs, "stars": [1, 2]}), tmp_path / "stories.parquet")
     cfg = TrainConfig(dataset=str(tmp_path / "stories.parquet"), text_column="story", block_size=8)
-    assert task_from_options(cfg)[0] == "lm"  # --text-column implies language modelling
+    assert settle(cfg).reason == "auto: text without labels"  # --text-column alone implies language modelling
     table = load_text_splits(cfg)
     assert table.tokenizer.decode(np.concatenate([table.train.tokens, table.validation.tokens])) == "\n".join(docs)
 

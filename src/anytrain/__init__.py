@@ -5,9 +5,18 @@ import time
 
 IMPORTED_AT = time.perf_counter()  # src/train.py's first import: summary.json's start_to_first_step_s counts from here
 
-__all__ = ["DataShape", "TrainConfig", "load_model", "train"]
+__all__ = ["HIGHER", "LOWER", "DataShape", "Task", "TrainConfig", "load_model", "option", "train"]
 __version__ = "0.1.0"
-_HOMES = {"train": ".api", "TrainConfig": ".config", "load_model": ".reload", "DataShape": ".shape"}
+_HOMES = {
+    "train": ".api",
+    "TrainConfig": ".config",
+    "load_model": ".reload",
+    "DataShape": ".shape",
+    "Task": ".tasks.contract",  # your own task (--task FILE.py:Class): subclass it
+    "HIGHER": ".best",
+    "LOWER": ".best",
+    "option": ".config",  # a task's own options, as fields of a frozen dataclass
+}
 
 
 def __getattr__(name: str):

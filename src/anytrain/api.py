@@ -12,14 +12,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import ConfigError, TrainConfig, check_config, load_yaml, options_from
+from .config import ConfigError, TrainConfig, check_config, load_yaml, options_from, resolve_task
 from .usermodel import OBJECT
 
 
 def make_config(config=None, model=None, dataset=None, loss_fn=None, **options) -> TrainConfig:
     """TrainConfig from a TrainConfig, a dict (flat or in sections) or a YAML file, then keyword
-    options; checked like flags."""
+    options; checked like flags. `task` may be a task class: it is named by its file (FILE.py:Class)."""
     given = None  # the options in values
+    if "task" in options:
+        options["task"] = task_spec(options["task"])
+        resolve_task(options["task"])  # an own task's options are known before they are read
     if isinstance(config, TrainConfig):
         values, given = config.flat(), config.given
     elif isinstance(config, (str, Path)):
@@ -43,6 +46,25 @@ def make_config(config=None, model=None, dataset=None, loss_fn=None, **options) 
     return check_config(TrainConfig(_given=given, **values))
 
 
+def task_spec(task) -> str:
+    """--task's value for `task=`: a name or spec as it is, a task class as FILE.py:Class (so that predict finds
+    it again), the class itself used for this run."""
+    if isinstance(task, str):
+        return task
+    import inspect
+
+    from .tasks import OWN_CLASSES
+
+    if not isinstance(task, type) or "<locals>" in task.__qualname__:
+        raise ConfigError(f"task: expected a task name, FILE.py:Class or a module-level task class, got {task!r}")
+    try:
+        spec = f"{inspect.getfile(task)}:{task.__qualname__}"
+    except (TypeError, OSError):  # defined in a notebook: by its module, if that imports
+        spec = f"{task.__module__}:{task.__qualname__}"
+    OWN_CLASSES[spec] = task
+    return spec
+
+
 def train(config=None, *, model=None, dataset=None, loss_fn=None, **options) -> dict:
     """Train and return the run's summary (the contents of summary.json).
 
@@ -51,6 +73,7 @@ def train(config=None, *, model=None, dataset=None, loss_fn=None, **options) -> 
         (model: the config's model section, config.ModelConfig; shape: anytrain.DataShape).
     dataset: a name or path as --dataset takes, or a datasets.Dataset / DatasetDict.
     loss_fn: your training loss, fn(outputs, targets) -> scalar tensor (as --loss module:fn).
+    task: a task name, "FILE.py:Class" / "module:Class", or your task class (anytrain.Task).
     Bad input raises anytrain.config.ConfigError (a ValueError) with the same one-line message the
     command line prints.
     """

@@ -213,12 +213,14 @@ def find_resume_checkpoint(cfg: TrainConfig) -> tuple[Path, str | None]:
     return target, warning
 
 
-def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path) -> None:
+def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path, positions: str | None = None) -> None:
     """Only options marked resumable (how long or how verbosely the run goes on, not the model, the
-    data or the optimisation so far) may differ between a checkpoint and the run resuming it."""
+    data or the optimisation so far) may differ between a checkpoint and the run resuming it. An option
+    the checkpoint does not name (made before it existed) had its default. `positions`: the option that
+    sizes the model's positions (the task's), which may shrink but not grow."""
     saved, current = saved_options(saved), cfg.flat()
     saved.setdefault("best_metric", "loss")  # made before --best-metric, when the best validation's was the lowest loss
-    positions = "block_size" if cfg.data.task == "lm" else "max_length" if cfg.data.text_column else None
+    saved = {**{k: OPTIONS[k].default for k in current}, **saved}
     if positions and current[positions] > saved.get(positions, current[positions]):
         flag = OPTIONS[positions].flag
         raise ConfigError(
@@ -231,14 +233,14 @@ def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path) -> None:
         raise ConfigError(f"--resume: checkpoint {checkpoint} was made with a different config ({details})")
 
 
-def load_checkpoint(accelerator, checkpoint: Path, cfg: TrainConfig) -> dict:
+def load_checkpoint(accelerator, checkpoint: Path, cfg: TrainConfig, positions: str | None = None) -> dict:
     """Check the checkpoint fits this run, restore model, optimizer, scaler and RNG states; returns
     progress.json's content (the caller restores the loop's progress and the LR schedule from it)."""
     try:
         state = json.loads((checkpoint / PROGRESS).read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"--resume: cannot read {checkpoint / PROGRESS}: {e}") from None
-    check_compatible(state.get("progress", {}).get("config", {}), cfg, checkpoint)
+    check_compatible(state.get("progress", {}).get("config", {}), cfg, checkpoint, positions)
     saved_processes = state.get("num_processes")
     if saved_processes != accelerator.num_processes:
         raise ConfigError(

@@ -10,6 +10,7 @@ import sys
 import time
 import typing
 
+from . import tasks  # noqa: F401 - the registry: --task's help, and your own task's options as flags
 from .config import ConfigError, LaunchError, parse_config
 
 

@@ -67,20 +67,14 @@ def option(
 class DataConfig:
     task: str = option(
         "auto",
-        "what to learn: one of the registry's tasks (README 'Tasks'): classify, regress, multilabel or lm (next-token "
-        "language modelling), and with a transformers model (--model hf:...) also the tasks it adds, such as tag "
-        "(token classification) or sft (chats: loss on the answers); auto = lm for --model gpt and for text "
-        "without labels (shakespeare, .txt, --text-column alone), sft for a 'messages' column of chats or prompt "
-        "and completion columns; otherwise the labels decide when the data is read: several label columns or "
-        "non-integer numbers = regress, lists = multilabel, else classify (--text-column with --label-column, or "
-        "shakespeare-speakers, classifies text)",
+        "what to learn: a task of the registry (README 'Tasks'), or your own task class as FILE.py:Class or "
+        "module:Class; auto = the first task of the registry that recognises the data (the start-up line says which "
+        "and why)",
     )
     dataset: str = option(
         "digits",
-        "'digits' (bundled UCI digits), 'shakespeare' (bundled Tiny Shakespeare), 'shakespeare-speakers' (who "
-        "speaks: its speeches of the 8 most frequent speakers, text classification), 'instructions' (4,000 "
-        "generated chats with answers checked exactly, for --task sft), 'synthetic', a local "
-        "parquet/csv/json/txt file, a folder of them or a save_to_disk folder, or a hub dataset name",
+        "a bundled dataset (below), 'synthetic', a local parquet/csv/json/txt file, a folder of them or a "
+        "save_to_disk folder, or a hub dataset name",
         model_parallel=True,
     )
     input_columns: list[str] = option(
@@ -175,9 +169,9 @@ class DataConfig:
     )
     packing: bool = option(
         False,
-        "transformers causal LMs (--task lm or sft): texts (chats) concatenated into rows of --max-length tokens, "
-        "the attention and positions restarting at each text (no attention across texts); texts longer than a row "
-        "are split instead of truncated",
+        "tasks that offer packing (transformers causal LMs): texts (chats) concatenated into rows of --max-length "
+        "tokens, the attention and positions restarting at each text (no attention across texts); texts longer "
+        "than a row are split instead of truncated",
     )
 
 
@@ -230,7 +224,7 @@ class ModelConfig:
     )
     lora_r: int = option(
         0,
-        "transformers causal LMs (--task lm or sft): train LoRA adapters of this rank (through peft) beside the "
+        "tasks that offer LoRA (transformers causal LMs): train LoRA adapters of this rank (through peft) beside the "
         "frozen weights; 0 = full fine-tuning",
         bounds=NON_NEGATIVE,
     )
@@ -327,9 +321,8 @@ class EvalConfig:
     best_metric: str = option(
         "auto",
         "the validation metric that picks the best weights (--final-weights best, checkpoints/best) and that early "
-        "stopping watches, higher or lower being better as the task declares: auto = the task's headline metric "
-        "(accuracy for classify, r2 for regress, micro_f1 for multilabel, f1 for tag, exact_match for seq2seq and "
-        "sft, loss for lm and mlm), or any metric the task logs on validation (loss, accuracy, ...)",
+        "stopping watches, higher or lower being better as the task declares: auto = the task's headline metric, "
+        "or any metric the task logs on validation (loss, accuracy, ...)",
     )
     final_weights: str = option(
         "best",
@@ -407,7 +400,11 @@ class RunConfig:
     )
 
 
-SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig}
+BASE_SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig}
+SECTIONS: dict[str, type] = dict(BASE_SECTIONS)  # + the sections of tasks that declare options (add_section)
+TASK_SECTIONS: dict[str, str] = {}  # a --task value (a name, or FILE.py:Class) -> its own section
+TASK_RESOLVERS: list[typing.Callable[[str], None]] = []  # register the section of a --task value (tasks/ adds one)
+HELP: dict[str, typing.Callable[[], str]] = {}  # option name -> more help, built where the facts live (the registry)
 
 
 @dataclass(frozen=True)
@@ -447,6 +444,33 @@ OPTIONS = _options()  # by option name, in section order
 ALIASES = {alias: o.name for o in OPTIONS.values() for alias in o.aliases}  # an earlier name -> the option's name
 
 
+def add_section(task: str, name: str, cls: type) -> None:
+    """A task's own options (a frozen dataclass of option() fields) as section `name`: its flags, YAML section,
+    checks and resume check come with it. `task` is the --task value that trains with it."""
+    TASK_SECTIONS[task] = name
+    if SECTIONS.get(name) is cls:
+        return
+    if name in BASE_SECTIONS or name in OPTIONS:
+        raise ConfigError(f"--task {task}: its options section '{name}' is already an option or a section")
+    SECTIONS[name] = cls
+    found = _options()
+    clash = sorted(k for k, o in found.items() if o.section == name and k in OPTIONS and OPTIONS[k].section != name)
+    if clash:
+        del SECTIONS[name]
+        raise ConfigError(
+            f"--task {task}: its option '{clash[0]}' is already an option of section {OPTIONS[clash[0]].section}"
+        )
+    OPTIONS.clear()
+    OPTIONS.update(found)
+    ALIASES.update({alias: o.name for o in OPTIONS.values() for alias in o.aliases})
+
+
+def resolve_task(value: str) -> None:
+    """Register the options of the task a --task value names (an own task's file is imported for them)."""
+    for resolve in TASK_RESOLVERS:
+        resolve(value)
+
+
 class TrainConfig:
     """All options, by section: `cfg.optim.lr`, `cfg.model.name`. Made from options by their flag
     names (`TrainConfig(lr=1e-3, model="gpt")`) and/or whole sections (`TrainConfig(optim={...})`).
@@ -461,6 +485,10 @@ class TrainConfig:
     given: frozenset[str]
 
     def __init__(self, _given: frozenset[str] | None = None, **values):
+        data = values.get("data")
+        task = values.get("task", data.get("task") if isinstance(data, dict) else getattr(data, "task", None))
+        if isinstance(task, str):
+            resolve_task(task)  # an own task's options are known before they are read
         sections: dict[str, dict] = {name: {} for name in SECTIONS}
         given: set[str] = set()
         for key, value in values.items():
@@ -490,9 +518,14 @@ class TrainConfig:
         """{option name: value}, in section order: what flags and the resume check compare."""
         return {name: self.get(name) for name in OPTIONS}
 
+    def section(self, name: str):
+        """A section by name: a task's own options, `cfg.section("distill").temperature`."""
+        return getattr(self, name)
+
     def to_dict(self) -> dict:
-        """The sectioned form, as config.yaml holds it."""
-        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        """The sectioned form, as config.yaml holds it: the five sections, and the options of the run's task."""
+        own = TASK_SECTIONS.get(self.data.task)
+        return {name: dataclasses.asdict(getattr(self, name)) for name in (*BASE_SECTIONS, *([own] if own else []))}
 
     def replace(self, **options) -> TrainConfig:
         """A new config with these options changed; the options given stay given."""
@@ -520,7 +553,8 @@ def add_options(parser: argparse.ArgumentParser, options, defaults: bool) -> Non
     (so a YAML file's values stand unless a flag is typed)."""
     groups = {name: parser.add_argument_group(f"{name} options") for name in SECTIONS}
     for o in options:
-        kwargs: dict = {"help": f"{o.help} (default: {o.default})"}
+        more = HELP[o.name]() if o.name in HELP else ""
+        kwargs: dict = {"help": f"{o.help}{more} (default: {o.default})"}
         if defaults:
             kwargs["default"] = o.default
         if o.name == "resume":
@@ -556,6 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """defaults <- YAML file (--config) <- flags; raises ConfigError on any bad input."""
+    resolve_task(task_value(argv))  # an own task's options become flags before they are read
     args = vars(build_parser().parse_args(argv))
     values = load_yaml(args.pop("config")) if "config" in args else {}
     values.update(args)
@@ -563,6 +598,22 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
 
 
 # --------------------------------------------------------------------------- YAML and dicts
+
+
+def task_value(argv: list[str] | None) -> str:
+    """The --task a command line asks for (the flag, else its --config file's), before the flags are parsed."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--task", default="")
+    pre.add_argument("--config", default="")
+    known = pre.parse_known_args(argv)[0]
+    if known.task or not known.config or not Path(known.config).is_file():
+        return known.task
+    try:
+        data = yaml.safe_load(Path(known.config).read_text()) or {}
+    except yaml.YAMLError:
+        return ""  # load_yaml says so
+    inner = data.get("data") if isinstance(data, dict) else None
+    return str((inner if isinstance(inner, dict) else data if isinstance(data, dict) else {}).get("task", ""))
 
 
 def load_yaml(path: str) -> dict:
@@ -637,6 +688,9 @@ def saved_options(saved: dict) -> dict:
     """{option name: value} of a config stored with a run (config.yaml, a checkpoint, the weights'
     metadata): sectioned, or flat from runs saved before sections; unknown options are left out."""
     known = {}
+    section = saved.get("data") if isinstance(saved.get("data"), dict) else saved
+    if isinstance(section.get("task"), str):
+        resolve_task(section["task"])  # its own section; a moved file is said where the task is needed
     for key, value in saved.items():
         key = ALIASES.get(key, key)
         if key in SECTIONS and isinstance(value, dict):
@@ -715,7 +769,7 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
     if model.gradient_checkpointing and not model.name.startswith("hf:"):
         raise ConfigError("--gradient-checkpointing recomputes the blocks of transformers models (--model hf:...) only")
     if data.packing and not model.name.startswith("hf:"):
-        raise ConfigError("--packing packs texts for transformers causal LMs (--model hf:... --task lm or sft) only")
+        raise ConfigError("--packing packs texts for transformers causal LMs (--model hf:...) only")
     if model.lora_r and not model.name.startswith("hf:"):
         raise ConfigError("--lora-r: LoRA adapts transformers models (--model hf:...) only")
     if model.name == "cnn" and not model.channels:

@@ -61,7 +61,7 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)). causal=False with a
-    padding mask is the text encoder's block (textmodels.py)."""
+    padding mask is the text encoder's block (models.py, Encoder)."""
 
     def __init__(self, n_embd: int, n_head: int, dropout: float, causal: bool = True):
         super().__init__()

@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
 from .config import OPTIONS, ConfigError, OneLineParser, TrainConfig, add_options, check_config
-from .tasks import evaluate
+from .tasks.base import evaluate
 from .tasks.classify import Classification
 
 MODES = ("single", "naive", "pipelined")
@@ -271,18 +271,15 @@ def prepare(cfg: TrainConfig, mode: str, split_at: int | None, micro_batches: in
     from .tasks.settle import settle
     from .usermodel import make_model
 
-    if cfg.data.task not in ("classify", "auto"):
-        raise ConfigError(
-            f"model_parallel trains classifiers (tables of numbers); --task {cfg.data.task} is not offered"
-        )
     set_seed(cfg.run.seed)  # the same initial weights as the trainer and as every other mode
     settled = settle(cfg)  # the one place a task is decided, as for the trainer
-    if settled.key != "classify":
+    task = make_task(settled.cfg, settled.key)
+    if type(task) is not Classification:
+        said = f"--task {cfg.data.task}" if cfg.data.task != "auto" else f"the labels of {cfg.data.dataset} make"
         raise ConfigError(
-            f"model_parallel trains classifiers; the labels of {cfg.data.dataset} make this a "
-            f"{settled.cfg.data.task} task"
+            f"model_parallel trains classifiers (tables of numbers); {said} a {settled.cfg.data.task} task"
         )
-    data = make_task(settled.cfg, settled.key).load_data()
+    data = task.load_data()
     model = make_model(cfg.model, data.shape)
     if not isinstance(model, nn.Sequential):
         raise ConfigError(
@@ -371,7 +368,9 @@ def save_run(model: nn.Module, summary: dict, cfg: TrainConfig, output_dir: str)
     import json
 
     from .outputs import WEIGHTS, save_weights, write_json
-    from .tasks import META_KEY
+    from .tasks import META_KEY, classes
+
+    task_key = next(key for key, cls in classes().items() if cls is Classification)  # the line reload finds
 
     run_dir = Path(output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -385,7 +384,7 @@ def save_run(model: nn.Module, summary: dict, cfg: TrainConfig, output_dir: str)
             "num_features": str(summary["num_features"]),
             "num_classes": str(summary["num_classes"]),
             **({"input_columns": json.dumps(summary["input_columns"])} if summary["input_columns"] else {}),
-            META_KEY: "classify",
+            META_KEY: task_key,
         },
     )
     write_json(run_dir / "summary.json", summary)

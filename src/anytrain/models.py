@@ -232,10 +232,5 @@ REGISTRY = {
     "bag": build_bag,
     "gpt": build_gpt,
 }
-# What the registry's models learn: tables or images (any labelled task), text to classify, text to model.
+# The registry's models that learn from tables or images (text: encoder and bag classify, gpt models).
 LABELLED = ("mlp", "cnn", "resnet")
-FITS = {
-    **{task: LABELLED for task in ("classify", "regress", "multilabel")},
-    "classify text": ("encoder", "bag"),
-    "lm": ("gpt",),
-}

@@ -54,10 +54,11 @@ def predict(run_dir: str, dataset: str, batch_size: int = 1024) -> list[dict]:
     The run's task reads the file as it read its training data (its `predict_inputs`)."""
     from .data.targets import label_columns
     from .tasks import task_of_run
+    from .tasks.contract import predictor
 
     weights = weights_file(run_dir)
     _, cfg, meta = read_weights_metadata(weights)
-    task = task_of_run(cfg, meta)
+    task = predictor(task_of_run(cfg, meta), "run_dir")  # a task that cannot predict says so before any reading
     inputs, ds, _ = task.predict_inputs(dataset, meta, weights.parent)
     model = load_model(weights)
     with torch.no_grad():

@@ -57,6 +57,7 @@ def sample(
 ) -> str:
     """The prompt followed by `tokens` sampled tokens, decoded, by the run's task. ConfigError on bad input."""
     from .tasks import task_of_run
+    from .tasks.contract import sampler
 
     weights = weights_file(run_dir)
     if tokens < 0 or temperature <= 0 or top_k < 0:
@@ -77,7 +78,8 @@ def sample(
     if not prompt:
         raise ConfigError("--prompt must not be empty")
     settings = {"tokens": tokens, "temperature": temperature, "top_k": top_k, "seed": seed, "device": device}
-    return task_of_run(cfg, meta).sample(load_model(weights), weights.parent, meta, prompt, settings)
+    task = sampler(task_of_run(cfg, meta), "run_dir")  # a task that cannot sample says so before the model loads
+    return task.sample(load_model(weights), weights.parent, meta, prompt, settings)
 
 
 def main(argv: list[str] | None = None) -> None:

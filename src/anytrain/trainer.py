@@ -45,7 +45,9 @@ from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weigh
 from .runfolder import check_run_folder, check_writable, start_run_folder
 from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator
-from .tasks import META_KEY, Task, best_criterion, check_loss, evaluate, training_loss, user_loss_function
+from .tasks import META_KEY
+from .tasks.base import best_criterion, check_loss, evaluate, training_loss, user_loss_function
+from .tasks.contract import Task, exporter
 from .tasks.settle import Settled, load
 from .usermodel import forward_for, model_name
 
@@ -192,8 +194,8 @@ class Parts:
     task: Task
     data: Splits
     model: nn.Module
-    forward: Callable  # how the loop calls the model (tasks.forward_for)
-    criterion: Callable  # the training loss (tasks.training_loss)
+    forward: Callable  # how the loop calls the model (usermodel.forward_for)
+    criterion: Callable  # the training loss (tasks.base.training_loss)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     train_loader: object
@@ -301,7 +303,7 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     if resume_from is not None:
         if pointer_warning:
             accelerator.print(f"anytrain: WARNING: {pointer_warning}")
-        state = load_checkpoint(accelerator, resume_from, cfg)  # model, optimizer, scaler, RNG states
+        state = load_checkpoint(accelerator, resume_from, cfg, task.positions(cfg))  # model, optimizer, RNG states
         progress.load_state_dict(state["progress"])
         scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
@@ -640,7 +642,9 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
     }
     if accelerator.is_main_process:
         save_weights(state_dict, run_dir / WEIGHTS, cfg, {**task.weights_metadata(), META_KEY: task.key})
-        task.export(model_of(accelerator, parts.model), run_dir)  # a transformers model: save_pretrained
+        export = exporter(task)  # a task that offers it: a transformers model's save_pretrained
+        if export is not None:
+            export.export(model_of(accelerator, parts.model), run_dir)
         write_json(run_dir / "summary.json", summary)
         if cfg.run.plot:
             write_curves(run_dir)

@@ -24,23 +24,32 @@ AUTO = {"tabular": "mlp", "image": "resnet", "tokens": "bag", "text": "gpt"}  # 
 OBJECT = "object:"  # cfg.model.name of a run whose model was a Python object (anytrain.train(model=...))
 
 
-def import_factory(spec: str) -> Callable:
-    """'package.module:attr' or 'path/to/file.py:attr' -> the attribute; ConfigError naming --model."""
+def import_attr(spec: str, option: str = "--model"):
+    """'package.module:attr' or 'path/to/file.py:attr' -> the attribute; ConfigError naming the option."""
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
-        raise ConfigError(
-            f"--model {spec}: expected a registry name ({', '.join(REGISTRY)}) or module:factory / file.py:factory"
-        )
+        expected = "module:Class or file.py:Class" if option == "--task" else "module:factory / file.py:factory"
+        raise ConfigError(f"{option} {spec}: expected {expected}")
     if target.endswith(".py") and not Path(target).expanduser().is_file():
-        raise ConfigError(f"--model {spec}: file not found: {target}")
+        raise ConfigError(f"{option} {spec}: file not found: {target}")
     try:
         module = _import_file(Path(target).expanduser()) if target.endswith(".py") else _import_module(target)
     except Exception as e:  # noqa: BLE001 - any failure inside the user's module is reported as one line
-        raise ConfigError(f"--model {spec}: cannot import {target} ({first_line(e)})") from None
+        raise ConfigError(f"{option} {spec}: cannot import {target} ({first_line(e)})") from None
     if not hasattr(module, attr):
-        raise ConfigError(f"--model {spec}: {target} has no attribute '{attr}'")
-    factory = getattr(module, attr)
+        raise ConfigError(f"{option} {spec}: {target} has no attribute '{attr}'")
+    return getattr(module, attr)
+
+
+def import_factory(spec: str) -> Callable:
+    """'package.module:attr' or 'path/to/file.py:attr' -> the factory; ConfigError naming --model."""
+    if ":" not in spec:
+        raise ConfigError(
+            f"--model {spec}: expected a registry name ({', '.join(REGISTRY)}) or module:factory / file.py:factory"
+        )
+    factory = import_attr(spec)
     if not callable(factory):
+        target, _, attr = spec.rpartition(":")
         raise ConfigError(
             f"--model {spec}: {target}.{attr} is not callable (a factory(model, shape) returning an nn.Module is "
             "expected)"
@@ -48,12 +57,19 @@ def import_factory(spec: str) -> Callable:
     return factory
 
 
+_IMPORTED: dict[tuple[str, float], object] = {}  # a file imported once per version: its classes stay the same
+
+
 def _import_file(path: Path):
+    key = (str(path.resolve()), path.stat().st_mtime)
+    if key in _IMPORTED:
+        return _IMPORTED[key]
     name = f"anytrain_user_{path.stem}"
     module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
     sys.path.insert(0, str(path.resolve().parent))  # the file may import its neighbours
     sys.modules[name] = module  # so its classes pickle (DataLoader workers, torch.save)
     module.__spec__.loader.exec_module(module)
+    _IMPORTED[key] = module
     return module
 
 

@@ -74,7 +74,7 @@ def masked_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
     """The texts read, checked, split and tokenised as for any transformers model, each split masked per row."""
     if tokenizer.mask_token is None:
         raise ConfigError(f"--model {cfg.model.name}: its tokenizer has no mask token, which a masked LM needs")
-    data = load_hf_splits(cfg, tokenizer, "mlm", given)
+    data = load_hf_splits(cfg, tokenizer, given, column=cfg.data.text_column)
     rows = {name: MaskedRows(getattr(data, name), name, cfg.run.seed) for name in ("train", "validation", "test")}
     facts = {**data.facts, "masked_share": MASKED_SHARE, "masking": "DataCollatorForLanguageModeling, seeded per row"}
     return dataclasses.replace(data, **rows, facts=facts)

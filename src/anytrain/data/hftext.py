@@ -20,7 +20,6 @@ from .packing import PackedRows
 from .sources import carve_rows, opened
 from .splits import Splits
 from .targets import labelled_rows
-from .text import lm_column
 from .textcls import check_texts
 
 
@@ -55,22 +54,24 @@ class HFRows(torch.utils.data.Dataset):
         return self.lengths - 1
 
 
-def load_hf_splits(cfg: TrainConfig, tokenizer, task: str, given=None) -> Splits:
-    """Read, check and split the dataset as for any labelled table (labels only for classify), then
-    tokenise every split with the model's tokenizer, truncated at --max-length."""
+def load_hf_splits(
+    cfg: TrainConfig, tokenizer, given=None, *, column: str, labelled: bool = False, whole: bool = False
+) -> Splits:
+    """Read, check and split the dataset as for any labelled table (class labels when `labelled`), then
+    tokenise every split with the model's tokenizer, truncated at --max-length; `whole`: each text whole, for a
+    causal LM (lm_splits)."""
     splits, source = opened(cfg, given)
-    column = lm_column(cfg) if task == "lm" else cfg.data.text_column
     if not column:
         raise ConfigError("--text-column: a transformers model needs the column that holds the text")
-    label = cfg.data.label_column if task == "classify" else None
+    label = cfg.data.label_column if labelled else None
     for name, ds in splits.items():
         check_texts(ds, column, source, name, label_column=label)
-    if task == "classify":
+    if labelled:
         parts, num_classes, class_names = labelled_rows(splits, cfg, source)
     else:
         parts = {name: (ds, None) for name, ds in carve_rows(splits, cfg, source).items()}
         num_classes, class_names = 0, None
-    if task == "lm":
+    if whole:
         return lm_splits(parts, cfg, tokenizer, source, column)
     multiple = pad_multiple()
 

@@ -19,10 +19,20 @@ from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
 from .sources import ImageFolder, as_stream, carve, named_splits, numeric_rows, open_dataset
 from .splits import Splits, TensorPairs
-from .targets import class_ids, label_columns, label_ids, labels_of, multi_hot, regression_values, standardised
+from .targets import (
+    CLASSES,
+    VALUES,
+    class_ids,
+    label_columns,
+    label_ids,
+    labels_of,
+    multi_hot,
+    regression_values,
+    standardised,
+)
 
 
-def load_labelled(cfg: TrainConfig, given=None) -> Splits:
+def load_labelled(cfg: TrainConfig, given=None, targets: str = CLASSES) -> Splits:
     """Load, check and split the dataset named by cfg.data.dataset (or `given`, a datasets Dataset or
     DatasetDict) for cfg.data.task (classify, regress or multilabel). ConfigError on bad data."""
     if given is None and cfg.data.dataset == "synthetic":
@@ -35,15 +45,15 @@ def load_labelled(cfg: TrainConfig, given=None) -> Splits:
         if given is None
         else (given, f"{type(given).__name__} object")
     )
-    data = _by_kind(cfg, named_splits(raw), source)
+    data = _by_kind(cfg, named_splits(raw), source, targets)
     if folder is not None:
         data.facts["skipped_files"] = folder.skipped
-    notes = [folder.note() if folder else None, quantity_warning(data, cfg)]
+    notes = [folder.note() if folder else None, quantity_warning(data, cfg) if targets == CLASSES else None]
     data.notes += [note for note in notes if note]
     return data
 
 
-def _by_kind(cfg: TrainConfig, splits: dict, source: str) -> Splits:
+def _by_kind(cfg: TrainConfig, splits: dict, source: str, targets: str) -> Splits:
     """Splits of a table of numbers (in memory or in Arrow), of images, or streamed."""
     from .arrow import load_arrow_splits, table_megabytes
     from .images import image_column, load_image_splits
@@ -54,14 +64,16 @@ def _by_kind(cfg: TrainConfig, splits: dict, source: str) -> Splits:
         return load_stream_splits(cfg, {name: as_stream(ds) for name, ds in splits.items()}, source)
     column = image_column(splits["train"], cfg)
     if column is not None:
-        return load_image_splits(cfg, splits, source, _classify_only(cfg, "images", column))
+        return load_image_splits(cfg, splits, source, _classify_only(cfg, targets, "images", column))
     inputs = check_columns(splits, cfg, source)
     if table_megabytes(splits, inputs) > cfg.data.max_in_memory_mb:
-        return load_arrow_splits(cfg, splits, source, _classify_only(cfg, "tables over --max-in-memory-mb", inputs))
+        return load_arrow_splits(
+            cfg, splits, source, _classify_only(cfg, targets, "tables over --max-in-memory-mb", inputs)
+        )
     tensors = {name: _to_tensors(ds, cfg, source, name) for name, ds in splits.items()}
     input_columns = cfg.data.input_columns or [c for c in splits["train"].column_names if c not in label_columns(cfg)]
-    if cfg.data.task != "classify":
-        return _target_splits(tensors, cfg, source, input_columns)
+    if targets != CLASSES:
+        return _target_splits(tensors, cfg, source, input_columns, targets)
     num_classes, string_ids = class_ids(tensors, cfg, source)
     feature_names = next(iter(tensors.values()))[2]
     class_names = list(string_ids) if string_ids is not None else list(feature_names) if feature_names else None
@@ -75,27 +87,27 @@ def _by_kind(cfg: TrainConfig, splits: dict, source: str) -> Splits:
     return in_memory(carve(tensors, cfg, source), num_classes, source, class_names, input_columns)
 
 
-def _classify_only(cfg: TrainConfig, what: str, passed=None):
-    """Regression and multi-label read tables held in memory; images and larger tables are classified."""
-    if cfg.data.task in ("regress", "multilabel"):
+def _classify_only(cfg: TrainConfig, targets: str, what: str, passed=None):
+    """Values and lists of labels are read from tables held in memory; images and larger tables are classified."""
+    if targets != CLASSES:
         raise ConfigError(f"--task {cfg.data.task} reads tables in memory; {what} are classified (--task classify)")
     return passed
 
 
-def _target_splits(tensors: dict, cfg: TrainConfig, source: str, columns: list) -> Splits:
+def _target_splits(tensors: dict, cfg: TrainConfig, source: str, columns: list, form: str) -> Splits:
     """Regression and multi-label splits: targets made (targets.py), missing splits carved, then standardised.
     A regression's target statistics go with the weights (metadata 'targets')."""
     import json
 
     labels = {name: y for name, (_, y, _) in tensors.items()}
-    if cfg.data.task == "regress":
+    if form == VALUES:
         targets = {name: regression_values(y, cfg, source, name) for name, y in labels.items()}
         names = None
     else:
         targets, names = multi_hot(labels, cfg, source)
     parts = carve({name: (x, targets[name]) for name, (x, _, _) in tensors.items()}, cfg, source)
     extra = {}
-    if cfg.data.task == "regress":
+    if form == VALUES:
         parts, mean, std = standardised(parts)
         stats = {"mean": mean.tolist(), "std": std.tolist(), "names": label_columns(cfg)}
         extra = {"targets": json.dumps(stats)}
@@ -144,7 +156,7 @@ def quantity_warning(data: Splits, cfg: TrainConfig) -> str | None:
     quantity to regress: many distinct training values relative to the rows, or ids spread so thin
     that num_classes (max + 1) is far above the distinct count. Streams are not looked at."""
     labels = getattr(data.train, "targets", None)  # a stream holds no labels up front
-    if cfg.data.task != "classify" or labels is None or data.class_names is not None or cfg.data.num_classes:
+    if labels is None or data.class_names is not None or cfg.data.num_classes:
         return None
     distinct, rows = len(torch.unique(labels)), len(labels)
     if distinct > QUANTITY_DISTINCT and distinct > QUANTITY_SHARE * rows:

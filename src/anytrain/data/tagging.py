@@ -5,7 +5,7 @@ precision, recall and F1 can be summed sentence by sentence, over batches and ra
 Chunking (seqeval's default, non-strict mode): a tag is PREFIX-TYPE with PREFIX one of B, I, E, S (O
 alone is outside). A chunk ends after an E or S tag, after B or I when the next tag is B, S or O, and
 whenever the type changes; it starts at B or S, at E or I after E, S or O, and whenever the type changes.
-So an I-PER after O opens a PER entity, as in conlleval. tests/test_tagging.py checks this against
+So an I-PER after O opens a PER entity, as in conlleval. tests/test_hf_tag.py checks this against
 seqeval on random tag sequences.
 """
 

@@ -53,23 +53,26 @@ def _numbers(column: pa.ChunkedArray, name: str) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False).astype(np.float64)
 
 
-def task_from_labels(labels, label_column: str) -> tuple[str, str]:
-    """--task auto for a table's training labels, and why: lists are multi-label; several columns, or
-    numbers of which some are not integers (a NaN among them is refused later, by name), are regression;
-    anything else is classification."""
+LISTS, VALUES, CLASSES = "lists", "values", "classes"  # what a table's training labels hold
+
+
+def label_form(labels, label_column: str) -> tuple[str, str]:
+    """What a table's training labels hold, and why: lists (several labels a row); values (several columns,
+    or numbers of which some are not integers or are too large to be class ids: a NaN among them is refused
+    later, by name); else class ids or names."""
     if isinstance(labels, list):
-        return "multilabel", "auto: the label column holds lists"
+        return LISTS, "the label column holds lists"
     if labels.ndim == 2:
-        return "regress", f"auto: {labels.shape[1]} label columns"
+        return VALUES, f"{labels.shape[1]} label columns"
     if labels.dtype.kind == "f":
         finite = labels[np.isfinite(labels)]
         if not np.all(finite == np.round(finite)):
-            return "regress", f"auto: the label '{label_column}' holds numbers that are not all integers"
+            return VALUES, f"the label '{label_column}' holds numbers that are not all integers"
         if len(finite) and np.abs(finite).max() > MAX_CLASS_ID:
-            return "regress", f"auto: the label '{label_column}' holds whole numbers too large to be class ids"
+            return VALUES, f"the label '{label_column}' holds whole numbers too large to be class ids"
     if labels.dtype.kind in "USO":
         check_numbers_as_text(labels, label_column)
-    return "classify", "auto"
+    return CLASSES, ""
 
 
 MAX_CLASS_ID = 2**20  # a class id beyond this (a million classes) is a quantity, not a class

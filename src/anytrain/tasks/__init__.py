@@ -12,63 +12,147 @@
     hf:sft       hf_sft.py       a transformers causal LM on chats (loss on the answers); exact match by generation
     hf:classify-images  hf_image.py  a transformers vision model with its image processor (--task classify on images)
 
-A task implements base.Task (the written contract); settle.py decides which registry line a run uses,
-once, before anything is written. Adding a task is its module plus its line here.
+A task subclasses contract.Task (the enforced contract: each class is checked here, once). The registry is
+the only list of tasks: its order is the order in which `--task auto` asks each task whether it recognises the
+data (its `detect`); settle.py picks the line. Your own task is `--task FILE.py:Class` or `module:Class`.
+Adding a task is its module (or folder) plus its line here.
 """
 
 from __future__ import annotations
 
-from ..config import TrainConfig
-from .base import BaseTask, Task, best_criterion, check_loss, evaluate, training_loss, user_loss_function
-from .classify import Classification
-from .hf_image import HFImageClassification
-from .hf_lm import HFCausalLM
-from .hf_mlm import MaskedLM
-from .hf_seq2seq import Seq2Seq
-from .hf_sft import SupervisedFineTuning
-from .hf_tag import TokenClassification
-from .hf_text import HFClassification
-from .lm import LanguageModel
-from .multilabel import MultiLabel
-from .regress import Regression
+import importlib
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
 
-REGISTRY: dict[str, type[BaseTask]] = {
-    "classify": Classification,
-    "regress": Regression,
-    "multilabel": MultiLabel,
-    "lm": LanguageModel,
-    "hf:classify": HFClassification,
-    "hf:lm": HFCausalLM,
-    "hf:tag": TokenClassification,
-    "hf:mlm": MaskedLM,
-    "hf:seq2seq": Seq2Seq,
-    "hf:sft": SupervisedFineTuning,
-    "hf:classify-images": HFImageClassification,
+from ..config import HELP, TASK_RESOLVERS, ConfigError, TrainConfig, add_section
+
+if TYPE_CHECKING:  # the registry stays light: `--help` and bad flags answer without importing torch
+    from .contract import Task
+
+
+@dataclass(frozen=True)
+class Line:
+    """One task of the registry: its --task name, its class ("module:Class" in this package, imported when a run
+    needs it) and, where it declares options, their dataclass ("module:Class" in a module that imports no torch)."""
+
+    name: str
+    cls: str
+    options: str = ""
+
+
+# key -> line, in the order `--task auto` asks them; "hf:" keys train a transformers model (--model hf:...)
+REGISTRY: dict[str, Line] = {
+    "lm": Line("lm", "lm:LanguageModel"),
+    "hf:lm": Line("lm", "hf_lm:HFCausalLM"),
+    "hf:sft": Line("sft", "hf_sft:SupervisedFineTuning"),
+    "multilabel": Line("multilabel", "multilabel:MultiLabel"),
+    "regress": Line("regress", "regress:Regression"),
+    "classify": Line("classify", "classify:Classification"),
+    "hf:classify-images": Line("classify", "hf_image:HFImageClassification"),
+    "hf:classify": Line("classify", "hf_text:HFClassification"),
+    "hf:tag": Line("tag", "hf_tag:TokenClassification"),
+    "hf:mlm": Line("mlm", "hf_mlm:MaskedLM"),
+    "hf:seq2seq": Line("seq2seq", "hf_seq2seq:Seq2Seq"),
 }
-META_KEY = "task_module"  # the registry line of a run, saved with its weights
+META_KEY = "task_module"  # the registry line of a run (or its FILE.py:Class), saved with its weights
+HF = "hf:"
+OWN_CLASSES: dict[str, type[Task]] = {}  # FILE.py:Class -> the class given to anytrain.train(task=...)
+
+
+def _attr(spec: str):
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+
+
+@cache
+def line_class(key: str) -> type[Task]:
+    """A registry line's class, imported and checked against the contract (once)."""
+    from .contract import check
+
+    line, cls = REGISTRY[key], _attr(REGISTRY[key].cls)
+    check(cls, f"--task {key}")
+    if cls.name != line.name:
+        raise TypeError(f"registry line {key}: {line.cls} trains --task {cls.name}, the line says {line.name}")
+    return cls
+
+
+def classes() -> dict[str, type[Task]]:
+    """Every line's class, in the registry's order."""
+    return {key: line_class(key) for key in REGISTRY}
+
+
+def is_own(value: str) -> bool:
+    """A --task value that names your own class (FILE.py:Class, module:Class) rather than a task of the registry."""
+    return ":" in value and not value.startswith(HF)
+
+
+def own_task(spec: str) -> type[Task]:
+    """Your task class, imported and checked against the contract; its options become a config section."""
+    from ..usermodel import import_attr
+    from .contract import check
+
+    cls = OWN_CLASSES.get(spec) or import_attr(spec, "--task")
+    check(cls, f"--task {spec}")
+    if cls.options is not None:
+        add_section(spec, cls.name, cls.options)
+    return cls
+
+
+def task_class(key: str) -> type[Task]:
+    """The class of a registry line or of your own task."""
+    return own_task(key) if is_own(key) else line_class(key)
 
 
 def make_task(cfg: TrainConfig, key: str) -> Task:
-    """The registry's task for a settled config (settle.settle gives the key)."""
-    task = REGISTRY[key](cfg)
+    """The task for a settled config (settle.settle gives the key)."""
+    task = task_class(key)(cfg)
     task.key = key
     return task
 
 
 def task_of_run(cfg: TrainConfig, meta: dict) -> Task:
-    """The task a finished run trained, from its saved config and weights' metadata."""
-    key = meta.get(META_KEY) or (f"hf:{cfg.data.task}" if cfg.model.name.startswith("hf:") else cfg.data.task)
+    """The task a finished run trained, from its saved config and weights' metadata. An own task's file must
+    still be where the run found it: one line says where it was when it is not."""
+    key = meta.get(META_KEY) or (f"{HF}{cfg.data.task}" if cfg.model.name.startswith(HF) else cfg.data.task)
+    if is_own(key):
+        try:
+            own_task(key)
+        except ConfigError as err:
+            raise ConfigError(
+                f"run_dir: the run trained --task {key}, which cannot be loaded now ({err}); put the file back, or "
+                "run from the folder it was started in"
+            ) from None
     return make_task(cfg, key)
 
 
-__all__ = [
-    "REGISTRY",
-    "Task",
-    "best_criterion",
-    "check_loss",
-    "evaluate",
-    "make_task",
-    "task_of_run",
-    "training_loss",
-    "user_loss_function",
-]
+def names() -> list[str]:
+    """The tasks of the registry, by name, in its order."""
+    return list(dict.fromkeys(line.name for line in REGISTRY.values()))
+
+
+def _resolve(value: str) -> None:
+    """config.py's hook: the options of the task a --task value names, registered before options are read. An own
+    task that cannot be imported is said once, by settle, with the option's name."""
+    if is_own(value):
+        try:
+            own_task(value)
+        except ConfigError:
+            pass
+        return
+    for line in REGISTRY.values():
+        if line.name == value and line.options:
+            add_section(value, value, _attr(line.options))
+
+
+def _task_help() -> str:
+    plain = [line.name for key, line in REGISTRY.items() if not key.startswith(HF)]
+    transformers = [line.name for key, line in REGISTRY.items() if key.startswith(HF)]
+    return (
+        f"; the registry: {', '.join(dict.fromkeys(plain))}, and with a transformers model (--model hf:...) "
+        f"{', '.join(dict.fromkeys(transformers))}"
+    )
+
+
+TASK_RESOLVERS.append(_resolve)
+HELP["task"] = _task_help

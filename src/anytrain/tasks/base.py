@@ -1,11 +1,5 @@
-"""The contract every task fills in (`Task`), the defaults most tasks share (`BaseTask`), and what the
-loop does the same way for every task: the training loss it calls, the one-batch loss check, and
-evaluation.
-
-A task owns what differs between tasks and nothing else: reading and checking its data (returning
-data.splits.Splits), the model (a registry or user factory, or a transformers Auto class), the loss,
-the metrics, what is saved with the weights, what `anytrain predict` prints, what `anytrain sample`
-writes, and files exported at the end. The loop in trainer.py is the same for every task.
+"""What the loop does the same way for every task (the contract is contract.Task): the training loss it
+calls, the one-batch loss check, and evaluation.
 
 A model may return an object or dict with a `loss` (the transformers convention; it is given the
 targets as `labels=` or `targets=` when its forward takes one): the loop then trains on that loss.
@@ -18,139 +12,17 @@ are gathered over ranks (dropping padded samples) and summed, and the task turns
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..best import HIGHER, LOWER, Criterion
-from ..config import ConfigError, TrainConfig, first_line
-from ..data.splits import Splits
+from ..best import HIGHER, Criterion
+from ..config import ConfigError, first_line
 from ..shape import DataShape
 from ..usermodel import import_factory, logits_of, loss_of
-
-
-@runtime_checkable
-class Task(Protocol):
-    """What the trainer, `anytrain predict`, `anytrain sample` and load_model ask of a task. A task is
-    made with the (settled) config, `Task(cfg)`; after load_data it keeps what it derived from the data
-    (a tokenizer, target statistics, a transformers config)."""
-
-    name: str  # the --task it trains: classify, regress, multilabel, lm, ...
-    cfg: TrainConfig
-    targets_to_model: bool  # the loop passes the targets to a model whose forward takes them (its own loss)
-    goals: dict[str, str]  # every metric `metrics` returns, and which way it improves (best.HIGHER or LOWER)
-    headline: str  # the metric users judge the task by: the best weights' and early stopping's by default
-
-    def load_data(self, given=None) -> Splits: ...  # read, check, split; ConfigError (one line) on bad data
-    def build_model(self, given=None) -> nn.Module: ...  # the model to train, checked on a batch of 2
-    def model_from_metadata(self, meta: dict, given=None) -> nn.Module: ...  # the model saved weights load into
-    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor: ...  # the task's training loss (a scalar)
-    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]: ...  # with a "loss"
-    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict: ...  # per sample
-    def metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]: ...  # with a "loss"
-    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor: ...  # to check a model and a loss
-    def train_batches(self, batches: Iterable, loader, epoch: int, skipped: int) -> Iterable: ...  # + what a step adds
-    def rates(self, samples: int, tokens: int, seconds: float) -> dict: ...  # samples/s (and tokens/s for text)
-    def describe_data(self, model: nn.Module) -> dict: ...  # the data's and the model's facts for summary.json
-    def weights_metadata(self) -> dict[str, str]: ...  # what reloading and predict need, saved with the weights
-    def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple: ...  # (inputs, rows, source)
-    def predict_batch(self, model: nn.Module, inputs, meta: dict) -> list[dict]: ...  # what predict prints per row
-    def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]: ...  # ... from a batch's logits
-    def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str: ...
-    def export(self, model: nn.Module, run_dir: Path) -> None: ...  # files beside model.safetensors at the end
-
-
-class BaseTask:
-    """The defaults: no per-step additions to a batch, samples/s (and tokens/s where the data counts
-    tokens), the data's facts and the parameter count, the data's metadata, no sampling, no export."""
-
-    name = ""
-    key = ""  # its registry line, set by tasks.make_task
-    data: Splits
-    targets_to_model = True
-    goals: dict[str, str] = {"loss": LOWER}
-    headline = "loss"
-
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
-
-    # what every task must say for itself (the contract's other half has defaults below)
-    def load_data(self, given=None) -> Splits:
-        raise NotImplementedError
-
-    def build_model(self, given=None) -> nn.Module:
-        raise NotImplementedError
-
-    def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
-        raise NotImplementedError
-
-    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
-
-    def metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]:
-        raise NotImplementedError
-
-    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
-        raise NotImplementedError
-
-    def train_batches(self, batches: Iterable, loader, epoch: int, skipped: int) -> Iterable:
-        return batches
-
-    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
-        """Per-sample statistics of one evaluation batch: of the forward pass (a generating task also generates)."""
-        return self.per_sample(forward(model, inputs, targets), targets)
-
-    def rates(self, samples: int, tokens: int, seconds: float) -> dict:
-        """samples/s; for text also tokens/s, as samples/s x the training samples' mean number of real tokens
-        (exact over whole epochs; the padding a batch adds is not counted)."""
-        per_second = samples / seconds if seconds > 0 else None
-        per_sample = self.data.tokens_per_sample
-        if per_sample is None:
-            return {"samples_per_s": per_second}
-        return {"samples_per_s": per_second, "tokens_per_s": per_second and per_second * per_sample}
-
-    def describe_data(self, model: nn.Module) -> dict:
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        return {**self.data.facts, "parameters": model_parameters(model), "trainable_parameters": trainable}
-
-    def weights_metadata(self) -> dict[str, str]:
-        """The data's shape and facts (metadata), its classes and input columns."""
-        import json
-
-        data = self.data
-        meta = {"data_shape": data.shape.to_json(), "num_classes": str(data.num_classes)}
-        if data.class_names:
-            meta["class_names"] = json.dumps(data.class_names)
-        if data.input_columns:
-            meta["input_columns"] = json.dumps(data.input_columns)
-        return {**meta, **data.metadata}
-
-    def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
-        raise ConfigError(f"a {self.name} run has no predictions for rows")
-
-    def predict_batch(self, model: nn.Module, inputs, meta: dict) -> list[dict]:
-        """One forward pass (a dict of inputs, a transformers run's, as keyword arguments), then `predictions`."""
-        from ..usermodel import forward_for
-
-        return self.predictions(logits_of(forward_for(model)(model, inputs, None)), meta)
-
-    def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]:
-        raise ConfigError(f"a {self.name} run has no predictions for rows")
-
-    def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
-        raise ConfigError(
-            f"run_dir: {folder} is a {self.name} run; sampling needs a language-model run (--task lm) or seq2seq"
-        )
-
-    def export(self, model: nn.Module, run_dir: Path) -> None:
-        """Nothing beyond model.safetensors."""
+from .contract import Task
 
 
 def best_criterion(task: Task) -> Criterion:
@@ -241,9 +113,12 @@ def per_position(outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"loss": losses.view(len(targets), -1).mean(1), "accuracy": hits.view(len(targets), -1).float().mean(1)}
 
 
+def predicted_logits(model: nn.Module, inputs) -> torch.Tensor:
+    """One forward pass for predict (a dict of inputs, a transformers run's, as keyword arguments)."""
+    from ..usermodel import forward_for
+
+    return logits_of(forward_for(model)(model, inputs, None))
+
+
 def means(sums: dict, count: int) -> dict:
     return {k: v.item() / count for k, v in sums.items()}
-
-
-def model_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -9,26 +9,34 @@ with the weights, and predict's reading of new rows (numbers, images or texts, a
 
 from __future__ import annotations
 
+import abc
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..best import HIGHER, LOWER
-from ..config import ConfigError
+from ..config import ConfigError, TrainConfig
 from ..data.splits import Splits
+from ..data.targets import CLASSES
+from ..models import LABELLED
 from ..shape import DataShape
 from ..usermodel import make_model
-from .base import BaseTask, means, per_position
+from .base import means, per_position, predicted_logits
+from .contract import Task
 
 
-class Labelled(BaseTask):
+class Labelled(Task):
+    offers = frozenset({"predict"})
+    label_form: ClassVar[str] = CLASSES  # what its labels hold (data.targets): class ids, values or lists
+
     def load_data(self, given=None) -> Splits:
         from ..data.tables import load_labelled
 
-        self.data = load_labelled(self.cfg, given)
+        self.data = load_labelled(self.cfg, given, self.label_form)
         return self.data
 
     def build_model(self, given=None) -> nn.Module:
@@ -38,6 +46,14 @@ class Labelled(BaseTask):
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
         shape = DataShape.from_json(meta["data_shape"]) if "data_shape" in meta else self.legacy_shape(meta)
         return make_model(self.cfg.model, shape, given, self.example_targets(shape, 2))
+
+    @classmethod
+    def fits(cls, cfg: TrainConfig) -> tuple[tuple[str, ...] | None, str]:
+        return LABELLED, f"--task {cls.name}"
+
+    @classmethod
+    def positions(cls, cfg: TrainConfig) -> str | None:
+        return "max_length" if cfg.data.text_column else None
 
     def legacy_shape(self, meta: dict) -> DataShape:
         """The shape of a run saved before data_shape was stored with the weights."""
@@ -65,11 +81,45 @@ class Labelled(BaseTask):
             return predict_texts(dataset, columns, read_tokenizer(meta["vocab"], folder), shape.max_length)
         return predict_rows(dataset, columns, int(meta["num_features"]) if "num_features" in meta else None)
 
+    def predict_batch(self, model: nn.Module, inputs, meta: dict) -> list[dict]:
+        return self.predictions(predicted_logits(model, inputs), meta)
+
+    @abc.abstractmethod
+    def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]: ...  # what predict prints per row
+
+
+def tables_only(cfg: TrainConfig, name: str) -> None:
+    """regress and multilabel learn from tables of numbers, not text."""
+    if cfg.data.text_column:
+        raise ConfigError(
+            f"--task {name} learns from tables of numbers; text (--text-column) is classified (--task classify) "
+            "or modelled (--task lm)"
+        )
+
 
 class Classification(Labelled):
     name = "classify"
+    offers = frozenset({"predict", "streaming"})
     goals = {"loss": LOWER, "accuracy": HIGHER}
     headline = "accuracy"
+
+    @classmethod
+    def detect(cls, source) -> str | None:
+        return "auto"  # labels of class ids or names, or none to read (images, streams, generated data)
+
+    @classmethod
+    def fits(cls, cfg: TrainConfig) -> tuple[tuple[str, ...] | None, str]:
+        if cfg.data.text_column:
+            return ("encoder", "bag"), "--task classify with --text-column"
+        return super().fits(cfg)
+
+    @classmethod
+    def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
+        if cfg.data.streaming and cfg.data.text_column:
+            raise ConfigError(
+                "--streaming reads classification data (tables of numbers or images); text is tokenised first "
+                "instead (into memory, or memory-mapped files for language models)"
+            )
 
     def load_data(self, given=None) -> Splits:
         if not self.cfg.data.text_column:

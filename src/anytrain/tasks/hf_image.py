@@ -18,7 +18,12 @@ from .transformers import Transformers
 
 
 class HFImageClassification(Transformers, Classification):
+    offers = frozenset({"export", "predict"})
     head = Head("AutoModelForImageClassification", "image-classification", labelled=True, positions=False)
+
+    @classmethod
+    def reads(cls, source) -> bool:
+        return source.images
 
     def load_data(self, given=None) -> Splits:
         from .. import hf

@@ -2,7 +2,8 @@
 get the label -100. The loss (fused with the output layer: lmhead.py) is the mean over every target token
 of the optimizer step's global batch, whatever the number of ranks or accumulation steps
 (transformers.token_weighted); validation and test loss are the mean over every target token of the split.
-`anytrain sample` uses the model's generate."""
+`anytrain sample` uses the model's generate; `anytrain predict` scores texts: each text's mean next-token loss,
+its perplexity and the number of tokens it predicts."""
 
 from __future__ import annotations
 
@@ -14,14 +15,20 @@ import torch
 from torch import nn
 
 from ..hf import Head
-from ..shape import DataShape
+from ..shape import IGNORE, DataShape
 from ..usermodel import logits_of
 from .lm import LanguageModel
 from .transformers import TargetRows, Transformers, token_sums, token_weighted, with_row_loss
 
 
 class HFCausalLM(Transformers, LanguageModel):
+    offers = frozenset({"export", "sample", "packing", "lora", "predict"})  # predict: each text's loss
     head = Head("AutoModelForCausalLM", "causal-LM", loss_type="ForCausalLM")
+
+    def texts(self) -> dict:
+        from ..data.text import lm_column
+
+        return {"column": lm_column(self.cfg), "whole": True}
 
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         sums = getattr(outputs, "row_stats", None)  # the fused loss's (lmhead.py): no logits were made
@@ -40,6 +47,29 @@ class HFCausalLM(Transformers, LanguageModel):
     def train_batches(self, batches, loader, epoch: int, skipped: int):
         per_row = cast(TargetRows, self.data.train).targets_per_row  # every token of a text but its first
         return token_weighted(batches, loader, epoch, skipped, per_row, self.cfg.optim.grad_accum_steps)
+
+    def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
+        """The run's text column, tokenised by its tokenizer as in training (truncated at --max-length), each
+        batch padded at the end of its texts: a causal model's real tokens never attend to the padding after
+        them, and keep the positions they have alone."""
+        rows, ds, source = super().predict_inputs(dataset, meta, folder)
+        rows.tokenizer.padding_side = "right"
+        return rows, ds, source
+
+    def predict_batch(self, model: nn.Module, inputs, meta: dict) -> list[dict]:
+        """Each text scored by the model: `loss`, the mean next-token cross-entropy over the tokens it predicts
+        (every token of the text but its first), `perplexity` (exp of it) and `tokens` (how many). A text of one
+        token predicts none: its loss and perplexity are null."""
+        device = next(model.parameters()).device
+        ids, mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
+        outputs = model(input_ids=ids, attention_mask=mask, use_cache=False)
+        sums = token_sums(logits_of(outputs)[:, :-1].float(), ids.masked_fill(mask == 0, IGNORE)[:, 1:])
+        rows = []
+        for total, tokens in zip(sums["token_loss"].tolist(), sums["tokens"].tolist()):
+            loss = total / tokens if tokens else None
+            perplexity = None if loss is None else math.exp(min(loss, 700.0))
+            rows.append({"loss": loss, "perplexity": perplexity, "tokens": tokens})
+        return rows
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
         from ..hf import generate

@@ -22,6 +22,7 @@ from .transformers import TokenWeighted
 class MaskedLM(TokenWeighted):
     name = "mlm"
     goals = {"loss": LOWER, "perplexity": LOWER, "accuracy": HIGHER}
+    hints = {"predict": "its run_dir/hf folder loads in transformers' fill-mask pipeline"}
     head = Head("AutoModelForMaskedLM", "masked-LM")
 
     def load_data(self, given=None) -> Splits:

@@ -56,6 +56,7 @@ class Seq2Seq(TokenWeighted):
     name = "seq2seq"
     goals = {**TokenWeighted.goals, "exact_match": HIGHER, "bleu": HIGHER}
     headline = "exact_match"
+    offers = frozenset({"export", "predict", "sample"})
     head = Head("AutoModelForSeq2SeqLM", "sequence-to-sequence")
 
     def load_data(self, given=None) -> Splits:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..best import HIGHER
-from ..config import ConfigError
+from ..config import ConfigError, TrainConfig
 from ..data.splits import Splits
 from ..shape import IGNORE
 from .hf_lm import HFCausalLM
@@ -40,8 +40,18 @@ class SupervisedFineTuning(HFCausalLM):
     name = "sft"
     goals = {**HFCausalLM.goals, "exact_match": HIGHER}
     headline = "exact_match"
-    stops: list[int] = []
-    shown: list[str] = []
+    offers = HFCausalLM.offers - {"predict"}  # hf:lm scores texts; a chat run answers prompts instead
+
+    @classmethod
+    def detect(cls, source) -> str | None:
+        return None if source.chats is None else f"auto: {source.chats}"
+
+    hints = {"predict": "it answers prompts with `anytrain sample RUN --prompt ...`"}
+
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.stops: list[int] = []  # the template's end-of-turn ids (load_data, sample)
+        self.shown: list[str] = []  # this evaluation's first generations, for the log: a run's own, never shared
 
     def load_data(self, given=None) -> Splits:
         from .. import hf
@@ -108,9 +118,6 @@ class SupervisedFineTuning(HFCausalLM):
 
     def weights_metadata(self) -> dict:
         return {**super().weights_metadata(), **self.data.metadata}
-
-    def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
-        raise ConfigError("an sft run answers prompts with `anytrain sample RUN --prompt ...`, not predict")
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
         """The reply to the prompt, as a user turn in the chat template (a text prompt as it is, for runs that

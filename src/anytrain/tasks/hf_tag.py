@@ -2,7 +2,7 @@
 AutoModelForTokenClassification, on words tagged one label each (data/hftags.py). The loss is the
 cross-entropy over the tagged sub-tokens (a word's first), token-weighted over the optimizer step
 (transformers.TokenWeighted). Metrics: token accuracy, and entity-level precision, recall and F1 by
-seqeval's definition (data/wordtags.py) when the tags are IOB (B-PER, I-PER, O). `anytrain predict`
+seqeval's definition (data/tagging.py) when the tags are IOB (B-PER, I-PER, O). `anytrain predict`
 prints each word with its tag."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class TokenClassification(TokenWeighted):
     name = "tag"
     goals = {**TokenWeighted.goals, "precision": HIGHER, "recall": HIGHER, "f1": HIGHER}
     headline = "f1"
+    offers = frozenset({"export", "predict"})
     head = Head("AutoModelForTokenClassification", "token-classification", labelled=True)
 
     def load_data(self, given=None) -> Splits:

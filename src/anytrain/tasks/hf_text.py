@@ -11,4 +11,5 @@ from .transformers import Transformers
 class HFClassification(Transformers, Classification):
     """The data is tokenised by the model's tokenizer (data/hftext.py); metrics and predictions are classify's."""
 
+    offers = frozenset({"export", "predict"})
     head = Head("AutoModelForSequenceClassification", "sequence-classification", labelled=True)

@@ -13,17 +13,34 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..best import HIGHER, LOWER
-from ..config import ConfigError
+from ..config import ConfigError, TrainConfig
 from ..data.splits import Splits
 from ..gpt import GPT
 from ..shape import DataShape
 from ..usermodel import make_model
-from .base import BaseTask, means, per_position
+from .base import means, per_position
+from .contract import Task
 
 
-class LanguageModel(BaseTask):
+class LanguageModel(Task):
     name = "lm"
+    offers = frozenset({"sample"})
+    hints = {"predict": "use `anytrain sample RUN`"}
     goals = {"loss": LOWER, "perplexity": LOWER, "accuracy": HIGHER}
+
+    @classmethod
+    def detect(cls, source) -> str | None:
+        if source.cfg.model.name == "gpt":
+            return "auto: --model gpt models text"
+        return "auto: text without labels" if source.plain_text else None
+
+    @classmethod
+    def fits(cls, cfg: TrainConfig) -> tuple[tuple[str, ...] | None, str]:
+        return ("gpt",), "--task lm"
+
+    @classmethod
+    def positions(cls, cfg: TrainConfig) -> str | None:
+        return "block_size"
 
     def load_data(self, given=None) -> Splits:
         from ..data.text import load_text_splits
@@ -58,19 +75,11 @@ class LanguageModel(BaseTask):
     def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
         return torch.zeros(batch, shape.block_size, dtype=torch.long)
 
-    def rates(self, samples: int, tokens: int, seconds: float) -> dict:
-        if seconds <= 0:
-            return {"samples_per_s": None, "tokens_per_s": None}
-        return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds}
-
     def describe_data(self, model: nn.Module) -> dict:
         described = super().describe_data(model)
         if isinstance(model, GPT):  # the registry's GPT (MFU in benchmarks/lm_gpu.py)
             described.update(parameters=model.num_parameters(), flops_per_token=model.flops_per_token())
         return described
-
-    def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
-        raise ConfigError(f"run_dir: {folder} is a language-model run; use `anytrain sample {folder}`")
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
         """The prompt and `tokens` sampled tokens, decoded; the prompt is cropped to the last block_size tokens."""

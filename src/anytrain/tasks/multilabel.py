@@ -10,15 +10,33 @@ import torch
 from torch.nn import functional as F
 
 from ..best import HIGHER, LOWER
+from ..config import ConfigError, TrainConfig
+from ..data.targets import LISTS
 from ..shape import DataShape
 from ..usermodel import logits_of
-from .classify import Labelled
+from .classify import Labelled, tables_only
 
 
 class MultiLabel(Labelled):
     name = "multilabel"
     goals = {"loss": LOWER, "micro_f1": HIGHER, "macro_f1": HIGHER, "exact_match": HIGHER}
     headline = "micro_f1"
+    label_form = LISTS
+
+    @classmethod
+    def detect(cls, source) -> str | None:
+        form = source.labels
+        return f"auto: {form[1]}" if form is not None and form[0] == LISTS else None
+
+    @classmethod
+    def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
+        if cfg.data.text_column and reason.startswith("auto"):
+            raise ConfigError(
+                f"--label-column: '{cfg.data.label_column}' holds lists (several labels a row); text (--text-column) "
+                "is classified one label a text here: give one label per row, or use a table of numbers for "
+                "multi-label"
+            )
+        tables_only(cfg, cls.name)
 
     def threshold(self) -> float:
         return self.cfg.eval.threshold

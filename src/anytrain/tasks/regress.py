@@ -11,16 +11,29 @@ import torch
 from torch.nn import functional as F
 
 from ..best import HIGHER, LOWER
+from ..config import TrainConfig
 from ..data.splits import Splits
+from ..data.targets import VALUES
 from ..shape import DataShape
 from ..usermodel import logits_of
-from .classify import Labelled
+from .classify import Labelled, tables_only
 
 
 class Regression(Labelled):
     name = "regress"
     goals = {"loss": LOWER, "rmse": LOWER, "mae": LOWER, "r2": HIGHER}
     headline = "r2"
+    losses = ("mse", "huber")
+    label_form = VALUES
+
+    @classmethod
+    def detect(cls, source) -> str | None:
+        form = source.labels
+        return f"auto: {form[1]}" if form is not None and form[0] == VALUES else None
+
+    @classmethod
+    def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
+        tables_only(cfg, cls.name)
 
     def load_data(self, given=None) -> Splits:
         data = super().load_data(given)

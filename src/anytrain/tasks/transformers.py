@@ -18,28 +18,53 @@ from torch.nn import functional as F
 
 from .. import lora
 from ..best import HIGHER, LOWER
+from ..config import TrainConfig
 from ..data.splits import Splits
 from ..hf import Head
 from ..shape import IGNORE, DataShape
 from ..usermodel import logits_of
-from .base import BaseTask
+from .contract import Task
 
 
-class Transformers(BaseTask):
+class Transformers(Task):
     """A transformers task's model, tokenizer, metadata, export and predict inputs; its loss, metrics and
     predictions come from the task it is the transformers flavour of (HFClassification(Transformers,
     Classification)). `head` names the transformers model class the task trains (hf.Head)."""
 
     head: Head
+    offers = frozenset({"export"})
+
+    @classmethod
+    def settle(cls, cfg: TrainConfig) -> tuple[TrainConfig, tuple[str, ...]]:
+        """--max-length left at its default, fitted to the model's positions (a model with 128 positions trains
+        on 128 tokens rather than being refused)."""
+        if not cls.head.positions or "max_length" in cfg.given:
+            return cfg, ()
+        from .. import hf
+
+        positions = hf.max_positions(hf.read_config(hf.check_folder(cfg)))
+        if positions is None or positions >= cfg.data.max_length:
+            return cfg, ()
+        default = cfg.data.max_length
+        note = f"--max-length {positions}: the positions of {cfg.model.name} (the default {default} exceeds them)"
+        return cfg.replace(max_length=positions), (note,)
+
+    @classmethod
+    def positions(cls, cfg: TrainConfig) -> str | None:
+        return "max_length" if cls.head.positions else None
 
     def load_data(self, given=None) -> Splits:
         from .. import hf
         from ..data.hftext import load_hf_splits
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
-        self.data = load_hf_splits(self.cfg, self.tokenizer, self.name, given)
+        self.data = load_hf_splits(self.cfg, self.tokenizer, given, **self.texts())
         self.model_config = self.checked_config(self.tokenizer.pad_token_id)
         return self.data
+
+    def texts(self) -> dict:
+        """Which column load_hf_splits tokenises, with class labels or not, each text whole or not."""
+        return {"column": self.cfg.data.text_column, "labelled": self.head.labelled}
 
     def checked_config(self, pad_id: int | None):
         """The model's transformers config for this task and data, checked before anything is written."""
@@ -106,12 +131,10 @@ class Transformers(BaseTask):
 
         return lora.rebuild(hf.model_from_config(self.head, meta["hf_config"]), meta, self.head.auto_class)
 
-    rates = BaseTask.rates  # samples/s and tokens/s from the texts' mean length, whichever task this flavours
-
     def describe_data(self, model: nn.Module) -> dict:
         from ..hf import checkpoints_activations
 
-        facts = {**BaseTask.describe_data(self, model), "gradient_checkpointing": checkpoints_activations(model)}
+        facts = {**super().describe_data(model), "gradient_checkpointing": checkpoints_activations(model)}
         if self.cfg.data.packing:
             facts["packed_texts_kept_apart_by"] = self.packed_by  # "positions", or "mask" (packed.py)
         return facts

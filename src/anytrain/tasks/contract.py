@@ -1,0 +1,228 @@
+"""The contract between the loop and a task: `Task`, its required methods (abstract: a task missing one
+is refused when it is registered, in one line that names the method), the defaults every task may keep,
+and the optional capabilities a task declares in `offers`. Whatever refuses a capability (predict on a
+run that cannot, --packing for a classifier) asks `offered` here: there are no refusal stubs.
+
+    class Task(contract.Task):
+        name = "smooth"                                  # what the start-up line and summary.json call it
+        goals = {"loss": LOWER, "accuracy": HIGHER}      # every metric `metrics` returns, and its direction
+        headline = "accuracy"                            # the best weights' and early stopping's metric
+        offers = frozenset({"predict"})                  # + predict_inputs, predict_batch
+        options = SmoothOptions                          # its own option() fields: flags, YAML, resume check
+
+        def load_data(self, given=None) -> Splits        # read, check, split (data.splits.Splits)
+        def build_model(self, given=None) -> nn.Module   # the model to train
+        def model_from_metadata(self, meta, given=None)  # the model saved weights load into
+        def loss(self, outputs, targets) -> Tensor       # the training loss, a scalar
+        def per_sample(self, outputs, targets) -> dict   # evaluation: per-sample statistics, with a "loss"
+        def metrics(self, sums, count) -> dict           # the split's metrics from the summed statistics
+        def example_targets(self, shape, batch)          # targets to check a model and a loss on
+
+The loop, predict, sample and reload call nothing else on a task.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import ClassVar, Protocol, cast
+
+import torch
+from torch import nn
+
+from ..best import LOWER
+from ..config import ConfigError, TrainConfig
+from ..data.splits import Splits
+from ..shape import DataShape
+
+# capability -> the methods a task that offers it defines (beyond the required ones)
+CAPABILITIES: dict[str, tuple[str, ...]] = {
+    "predict": ("predict_inputs", "predict_batch"),  # `anytrain predict RUN --dataset FILE`
+    "sample": ("sample",),  # `anytrain sample RUN --prompt TEXT`
+    "export": ("export",),  # files beside model.safetensors at the end (a transformers folder)
+    "packing": (),  # --packing: texts concatenated into full rows, kept apart
+    "lora": (),  # --lora-r: adapters trained beside frozen weights
+    "streaming": (),  # --streaming: rows read as they are trained on
+}
+WHAT = {
+    "predict": "has no predictions for rows",
+    "sample": "does not sample text",
+    "export": "exports nothing",
+    "packing": "does not pack texts",
+    "lora": "does not train LoRA adapters",
+    "streaming": "does not read streams",
+}
+
+
+class Task(abc.ABC):
+    """What the trainer, `anytrain predict`, `anytrain sample` and load_model ask of a task. A task is made
+    with the settled config, `Task(cfg)`; after load_data it keeps what it derived from the data (a
+    tokenizer, target statistics, a transformers config)."""
+
+    name: ClassVar[str] = ""  # the --task it trains
+    goals: ClassVar[dict[str, str]] = {"loss": LOWER}  # every metric `metrics` returns, best.HIGHER or LOWER
+    headline: ClassVar[str] = "loss"  # the metric users judge the task by (best weights, early stopping)
+    offers: ClassVar[frozenset[str]] = frozenset()  # its optional capabilities (CAPABILITIES)
+    options: ClassVar[type | None] = None  # a frozen dataclass of config.option() fields: its own section
+    targets_to_model: ClassVar[bool] = True  # the targets go to a model whose forward takes them (its own loss)
+    hints: ClassVar[dict[str, str]] = {}  # capability -> what to use instead, said with its refusal
+    losses: ClassVar[tuple[str, ...]] = ()  # the built-in --loss names it also trains with (mse, huber)
+
+    key: str = ""  # its registry line (or FILE.py:Class), set by the registry
+    data: Splits
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+
+    # --------------------------------------------------------------------------- required
+    @abc.abstractmethod
+    def load_data(self, given=None) -> Splits: ...  # read, check, split; ConfigError (one line) on bad data
+
+    @abc.abstractmethod
+    def build_model(self, given=None) -> nn.Module: ...  # the model to train
+
+    @abc.abstractmethod
+    def model_from_metadata(self, meta: dict, given=None) -> nn.Module: ...  # the model saved weights load into
+
+    @abc.abstractmethod
+    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor: ...  # the training loss, a scalar
+
+    @abc.abstractmethod
+    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]: ...  # with a "loss"
+
+    @abc.abstractmethod
+    def metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]: ...  # with a "loss"
+
+    @abc.abstractmethod
+    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor: ...  # to check a model, a loss
+
+    # --------------------------------------------------------------------------- defaults
+    def train_batches(self, batches: Iterable, loader, epoch: int, skipped: int) -> Iterable:
+        """The training batches as the loop draws them; a task may add per-step facts (token counts)."""
+        return batches
+
+    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
+        """Per-sample statistics of one evaluation batch: of the forward pass (a generating task also generates)."""
+        return self.per_sample(forward(model, inputs, targets), targets)
+
+    def rates(self, samples: int, tokens: int, seconds: float) -> dict:
+        """samples/s; for text also tokens/s, as samples/s x the training samples' mean number of real tokens
+        (exact over whole epochs; the padding a batch adds is not counted)."""
+        per_second = samples / seconds if seconds > 0 else None
+        per_sample = self.data.tokens_per_sample
+        if per_sample is None:
+            return {"samples_per_s": per_second}
+        return {"samples_per_s": per_second, "tokens_per_s": per_second and per_second * per_sample}
+
+    def describe_data(self, model: nn.Module) -> dict:
+        """The data's facts and the parameter counts, for summary.json."""
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        parameters = sum(p.numel() for p in model.parameters())
+        return {**self.data.facts, "parameters": parameters, "trainable_parameters": trainable}
+
+    def weights_metadata(self) -> dict[str, str]:
+        """What reloading and predict need, saved with the weights: the data's shape, classes, input columns."""
+        import json
+
+        data = self.data
+        meta = {"data_shape": data.shape.to_json(), "num_classes": str(data.num_classes)}
+        if data.class_names:
+            meta["class_names"] = json.dumps(data.class_names)
+        if data.input_columns:
+            meta["input_columns"] = json.dumps(data.input_columns)
+        return {**meta, **data.metadata}
+
+    # --------------------------------------------------------------------------- settling, before any data
+    @classmethod
+    def detect(cls, source) -> str | None:
+        """Why this task fits data the options left open (the start-up line says it), or None. `source`
+        is data.describe.Source: the options and a description of the data, read once."""
+        return None
+
+    @classmethod
+    def reads(cls, source) -> bool:
+        """Whether this registry line reads this data (a vision model's line reads images)."""
+        return True
+
+    @classmethod
+    def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
+        """What the task rules out in the settled options (ConfigError, one line)."""
+
+    @classmethod
+    def settle(cls, cfg: TrainConfig) -> tuple[TrainConfig, tuple[str, ...]]:
+        """Options left at their defaults, fitted to this task and model, and the notes that say so."""
+        return cfg, ()
+
+    @classmethod
+    def fits(cls, cfg: TrainConfig) -> tuple[tuple[str, ...] | None, str]:
+        """The registry's models that fit this task (None: any), and how to say the task in a refusal."""
+        return None, f"--task {cls.name}"
+
+    @classmethod
+    def positions(cls, cfg: TrainConfig) -> str | None:
+        """The option that sizes a model's positions, where a resumed run must keep it."""
+        return None
+
+
+# --------------------------------------------------------------------------- the optional capabilities
+
+
+class Predicts(Protocol):
+    def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple: ...  # (inputs, rows, source)
+    def predict_batch(self, model: nn.Module, inputs, meta: dict) -> list[dict]: ...  # what predict prints
+
+
+class Samples(Protocol):
+    def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str: ...
+
+
+class Exports(Protocol):
+    def export(self, model: nn.Module, run_dir: Path) -> None: ...
+
+
+def offered(task: Task | type[Task], capability: str) -> bool:
+    return capability in task.offers
+
+
+def refusal(task: Task | type[Task], capability: str, where: str) -> str:
+    """The one line that refuses a capability the task does not declare."""
+    hint = task.hints.get(capability)
+    return f"{where}: --task {task.name} {WHAT[capability]}" + (f"; {hint}" if hint else "")
+
+
+def predictor(task: Task, where: str) -> Predicts:
+    if not offered(task, "predict"):
+        raise ConfigError(refusal(task, "predict", where))
+    return cast(Predicts, task)
+
+
+def sampler(task: Task, where: str) -> Samples:
+    if not offered(task, "sample"):
+        raise ConfigError(refusal(task, "sample", where))
+    return cast(Samples, task)
+
+
+def exporter(task: Task) -> Exports | None:
+    return cast(Exports, task) if offered(task, "export") else None
+
+
+def check(cls: type, who: str) -> None:
+    """A task class as the registry takes it: a Task, every required method defined, every capability it
+    offers known and backed by its methods. ConfigError naming `who` (the --task) and the method."""
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ConfigError(f"{who}: {getattr(cls, '__name__', cls)} is not a task class (subclass anytrain.Task)")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise ConfigError(f"{who}: {cls.__name__} does not define the required method {', '.join(missing)}")
+    if not cls.name:
+        raise ConfigError(f'{who}: {cls.__name__} has no name (the task it trains, e.g. name = "distill")')
+    unknown = sorted(cls.offers - CAPABILITIES.keys())
+    if unknown:
+        raise ConfigError(f"{who}: {cls.__name__} offers {', '.join(unknown)} (known: {', '.join(CAPABILITIES)})")
+    for capability in sorted(cls.offers):
+        for method in CAPABILITIES[capability]:
+            if not callable(getattr(cls, method, None)):
+                raise ConfigError(f"{who}: {cls.__name__} offers {capability} but does not define {method}")
+    if cls.headline not in cls.goals or "loss" not in cls.goals:
+        raise ConfigError(f"{who}: {cls.__name__}.goals must name 'loss' and its headline '{cls.headline}'")

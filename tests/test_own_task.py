@@ -1,0 +1,192 @@
+"""Your own task from one file (`--task FILE.py:Class`, issue 33): a task class written to a temporary file
+trains through the one loop with its own option, gives the same weights on 1 and 2 ranks, resumes
+bit-identically after a real SIGKILL, and predicts; the same class without `loss` is refused in one line;
+a run whose task file has moved says where it was.
+
+Runs: one 2-rank launch, two background runs (a reference and a victim killed, then resumed) and a
+1-process reference for the 2 ranks; each trains 512 rows of a small table for a few epochs."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import finish_run, kill_and_resume, launch, max_abs_diff, read_summary, run_cli_error, start_run
+
+from anytrain import load_model
+
+TASK = textwrap.dedent(
+    '''
+    """Cross-entropy with label smoothing: a classification task of one's own, with its own option."""
+    import json
+    from dataclasses import dataclass
+
+    import torch
+    from torch.nn import functional as F
+
+    from anytrain import HIGHER, LOWER, DataShape, Task, option
+    from anytrain.data.tables import load_labelled, predict_rows
+    from anytrain.usermodel import make_model
+
+
+    @dataclass(frozen=True)
+    class SmoothingOptions:
+        smoothing: float = option(0.1, "the share of each target spread over the other classes", bounds="[0, 1)")
+
+
+    class Smoothed(Task):
+        name = "smoothed"
+        goals = {"loss": LOWER, "accuracy": HIGHER}
+        headline = "accuracy"
+        offers = frozenset({"predict"})
+        options = SmoothingOptions
+
+        def load_data(self, given=None):
+            self.data = load_labelled(self.cfg, given)
+            return self.data
+
+        def build_model(self, given=None):
+            return make_model(self.cfg.model, self.data.shape, given)
+
+        def model_from_metadata(self, meta, given=None):
+            return make_model(self.cfg.model, DataShape.from_json(meta["data_shape"]), given)
+
+        def loss(self, outputs, targets):
+            return F.cross_entropy(outputs, targets, label_smoothing=self.cfg.section("smoothed").smoothing)
+
+        def per_sample(self, outputs, targets):
+            hits = (outputs.argmax(-1) == targets).float()
+            return {"loss": F.cross_entropy(outputs, targets, reduction="none"), "accuracy": hits}
+
+        def metrics(self, sums, count):
+            return {name: value.item() / count for name, value in sums.items()}
+
+        def example_targets(self, shape, batch):
+            return torch.zeros(batch, dtype=torch.long)
+
+        def predict_inputs(self, dataset, meta, folder):
+            return predict_rows(dataset, json.loads(meta["input_columns"]), int(meta["num_features"]))
+
+        def predict_batch(self, model, inputs, meta):
+            probabilities = model(inputs).softmax(-1)
+            return [{"class_id": k, "probability": p} for p, k in zip(*probabilities.max(-1))]
+    '''
+).replace("for p, k in zip(*probabilities.max(-1))", "for p, k in zip(*(t.tolist() for t in probabilities.max(-1)))")
+
+
+def write_table(path: Path, rows: int, seed: int) -> Path:
+    """Three classes of 8 features, separable but not trivially (a linear rule plus noise)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 8)).round(4)
+    label = (x[:, :3] + 0.5 * rng.normal(size=(rows, 3))).argmax(1)
+    lines = [",".join([f"x{k}" for k in range(8)] + ["label"])]
+    lines += [",".join([*map(str, row), str(y)]) for row, y in zip(x.tolist(), label.tolist())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("own_task")
+    task = root / "smoothing.py"
+    task.write_text(TASK)
+    table = write_table(root / "table.csv", 640, seed=0)  # 512 train, 64 validation, 64 test
+    return {"root": root, "task": task, "table": table, "new": write_table(root / "new.csv", 5, seed=1)}
+
+
+def args(files: dict, batch: int) -> list[str]:
+    return [
+        "--task", f"{files['task']}:Smoothed", "--smoothing", "0.2", "--dataset", str(files["table"]),
+        "--val-fraction", "0.1", "--test-fraction", "0.1", "--model", "mlp", "--hidden-sizes", "32",
+        "--optimizer", "sgd", "--lr", "0.1", "--epochs", "3", "--batch-size", str(batch),
+        "--final-weights", "last", "--log-every-steps", "1", "--seed", "3", "--no-progress",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def one_and_two_ranks(files) -> tuple[Path, Path]:
+    root = files["root"]
+    one = start_run(root / "one", args(files, 32))
+    two = launch("multi_cpu.yaml", *args(files, 16), "--output-dir", str(root / "two"))
+    code, err = finish_run(one)
+    assert code == 0, err[-3000:]
+    assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
+    return root / "one", root / "two"
+
+
+def test_an_own_task_trains_with_its_option_and_equals_on_one_and_two_ranks(one_and_two_ranks, files):
+    one, two = one_and_two_ranks
+    summary = read_summary(one)
+    assert summary["task"] == "smoothed" and summary["best_metric"] == "accuracy"
+    assert summary["test_accuracy"] > 0.7  # learned: three balanced classes are 0.33 by chance
+    assert read_summary(two)["scenario"]["num_processes"] == 2
+    assert max_abs_diff(load_model(one).state_dict(), load_model(two).state_dict()) <= 1e-6
+    saved = (one / "config.yaml").read_text()
+    assert "smoothed:\n  smoothing: 0.2" in saved and f"task: {files['task']}:Smoothed" in saved
+
+
+def test_its_option_changes_the_loss_and_the_resume_check_knows_it(files, one_and_two_ranks, capsys):
+    one, _ = one_and_two_ranks
+    err = run_cli_error(capsys, [*args(files, 32), "--smoothing", "0.3", "--output-dir", str(one), "--resume"])
+    assert "smoothing: 0.2 -> 0.3" in err
+    assert "--smoothing must be in [0, 1), got 1.5" in run_cli_error(capsys, [*args(files, 32), "--smoothing", "1.5"])
+
+
+def test_an_own_task_resumes_bit_identically_after_a_real_kill(files, tmp_path):
+    reference, victim = kill_and_resume(tmp_path, args(files, 32), kill_step=20)
+    a, b = read_summary(reference), read_summary(victim)
+    assert a["last_weights_sha256"] == b["last_weights_sha256"] and a["test_accuracy"] == b["test_accuracy"]
+
+
+def test_an_own_task_predicts_and_a_moved_file_is_said(files, one_and_two_ranks, tmp_path):
+    from anytrain.config import ConfigError
+    from anytrain.predict import predict
+
+    one, _ = one_and_two_ranks
+    rows = predict(str(one), str(files["new"]))
+    assert [r["row"] for r in rows] == list(range(5)) and all(0 <= r["class_id"] < 3 for r in rows)
+    assert [r["label"] for r in rows] == [int(line.rsplit(",", 1)[1]) for line in files["new"].read_text().split()[1:]]
+    moved = tmp_path / "run"
+    (moved).mkdir()
+    summary = json.loads((one / "summary.json").read_text())
+    assert summary["task"] == "smoothed"
+    files["task"].rename(files["task"].with_suffix(".bak"))
+    try:
+        with pytest.raises(ConfigError, match=r"run_dir: the run trained --task .*smoothing.py:Smoothed, which cannot"):
+            predict(str(one), str(files["new"]))
+    finally:
+        files["task"].with_suffix(".bak").rename(files["task"])
+
+
+def test_a_task_without_its_loss_is_refused_in_one_line_naming_it(files, capsys, tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text(re.sub(r"\n    def loss\(.*?\n\n", "\n", TASK, flags=re.S))
+    assert "def loss" not in broken.read_text() and "def per_sample" in broken.read_text()
+    out = tmp_path / "out"
+    err = run_cli_error(capsys, ["--task", f"{broken}:Smoothed", "--output-dir", str(out)])
+    assert err.strip().splitlines() == [
+        f"train.py: error: --task {broken}:Smoothed: Smoothed does not define the required method loss"
+    ]
+    assert not out.exists()
+
+
+def test_a_task_class_from_python_trains_under_its_file_name(files, tmp_path):
+    import importlib.util
+
+    import anytrain
+
+    spec = importlib.util.spec_from_file_location("smoothing_module", files["task"])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["smoothing_module"] = module  # as `import smoothing_module` would
+    spec.loader.exec_module(module)
+    summary = anytrain.train(
+        task=module.Smoothed, smoothing=0.0, dataset=str(files["table"]), model="mlp", hidden_sizes=[8], epochs=1,
+        batch_size=64, output_dir=str(tmp_path / "py"), progress=False, plot=False,
+    )  # fmt: skip
+    assert summary["task"] == "smoothed"
+    assert f"{files['task']}:Smoothed" in (tmp_path / "py" / "config.yaml").read_text()
