@@ -1,4 +1,5 @@
-"""docs/guide.md's table of tasks: each registry line, its module, its lines, what it builds on, its data helpers.
+"""docs/guide.md's table of tasks: each registry line, its module or folder, its lines, what it builds on, the shared
+data/ modules it reads with.
 
 python scripts/task_table.py     # prints the Markdown rows the guide holds
 """
@@ -14,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
-def data_helpers(path: Path) -> list[str]:
-    """The data/ modules a task module (and the task module it builds on) reads its data with, from its imports."""
-    found = re.findall(r"from \.\.data\.(\w+) import", path.read_text())
-    return sorted(set(found) - {"splits"})
+def data_helpers(paths: list[Path]) -> list[str]:
+    """The shared data/ modules a task's files read their data with, from their imports."""
+    found = {h for path in paths for h in re.findall(r"from \.+data\.(\w+) import", path.read_text())}
+    return sorted(found - {"splits"})
 
 
 def rows() -> list[str]:
@@ -26,10 +27,13 @@ def rows() -> list[str]:
     out = []
     for key, cls in classes().items():
         path = Path(inspect.getfile(cls))
-        lines = len(path.read_text().splitlines())
+        home = path.parent if path.name == "__init__.py" else path  # a task's module, or its folder
+        files = sorted(home.glob("*.py")) if home.is_dir() else [home]
+        lines = sum(len(f.read_text().splitlines()) for f in files)
+        name = f"tasks/{home.name}/" if home.is_dir() else f"tasks/{home.name}"
         bases = [b.__name__ for b in cls.__bases__ if b.__module__ != "anytrain.tasks.contract"]
-        helpers = ", ".join(f"`data/{h}.py`" for h in data_helpers(path))
-        out.append(f"| `{key}` | `tasks/{path.name}` | {lines} | {', '.join(bases) or '—'} | {helpers or '—'} |")
+        helpers = ", ".join(f"`data/{h}.py`" for h in data_helpers(files))
+        out.append(f"| `{key}` | `{name}` | {lines} | {', '.join(bases) or '—'} | {helpers or '—'} |")
     return out
 
 

@@ -17,8 +17,8 @@ from textdata import write_jsonl
 
 from anytrain.config import ConfigError
 from anytrain.data import instructions
-from anytrain.data.chats import Renderer, tokenise
 from anytrain.shape import IGNORE
+from anytrain.tasks.hf_sft.chats import Renderer, tokenise
 
 pytest.importorskip("transformers")
 

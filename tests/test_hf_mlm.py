@@ -18,8 +18,8 @@ from textdata import texts, write_jsonl
 
 from anytrain import load_model
 from anytrain.config import parse_config
-from anytrain.data.hfmasked import MaskedRows
 from anytrain.tasks.hf_mlm import MaskedLM
+from anytrain.tasks.hf_mlm.hfmasked import MaskedRows
 
 pytest.importorskip("transformers")
 

@@ -19,9 +19,9 @@ from hfmodels import tiny_bert_mlm
 from tagdata import tagged
 from textdata import write_jsonl
 
-from anytrain.data.tagging import align_labels, entities, entity_counts, prf
 from anytrain.predict import predict
 from anytrain.tasks.hf_tag import TokenClassification
+from anytrain.tasks.hf_tag.tagging import align_labels, entities, entity_counts, prf
 
 pytest.importorskip("transformers")
 

@@ -22,11 +22,11 @@ from hfmodels import chat_tokenizer, tiny_llama
 from textdata import write_jsonl
 
 from anytrain.data import instructions
-from anytrain.data.chats import ChatRows, Renderer, tokenise
 from anytrain.data.packing import PackedRows
 from anytrain.sample import sample
 from anytrain.shape import IGNORE
 from anytrain.tasks.hf_sft import SupervisedFineTuning
+from anytrain.tasks.hf_sft.chats import ChatRows, Renderer, tokenise
 
 pytest.importorskip("transformers")
 

@@ -81,7 +81,10 @@ def test_the_file_check_sees_what_it_looks_for():
         "tests/test_tagging.py",
         "textmodels.py",
     ]
-    assert stale_mentions("data/tagging.py, tasks/hf_lm.py, lmhead.py, tests/test_hf_tag.py, path/to/file.py:f") == []
+    assert (
+        stale_mentions("tasks/hf_tag/tagging.py, tasks/hf_lm.py, lmhead.py, tests/test_hf_tag.py, path/to/file.py:f")
+        == []
+    )
 
 
 AMBIGUOUS = {  # module names that comments also use for other things: config sections, variables, files, libraries

@@ -1,6 +1,6 @@
 """The data a run will read, described once for the tasks' `detect` (tasks/settle.py asks each registry line
-in order): the options, the training split's columns and features, its labels, its chat columns, whether it
-holds images or plain text. Each fact is read on first use and kept: the source is opened once."""
+in order): the options, the training split (`train`, opened once), whether it is readable before training,
+holds images or plain text, and what its labels hold. Each fact is read on first use and kept."""
 
 from __future__ import annotations
 
@@ -39,18 +39,6 @@ class Source:
         data = self.cfg.data
         labelled = "label_column" in self.cfg.given
         return is_text_dataset(data.dataset, data.text_column) and not (data.text_column and labelled)
-
-    @cached_property
-    def chats(self) -> str | None:
-        """What makes the data chats (TRL's columns: messages, or prompt and completion), or None."""
-        from .chats import MESSAGES, chat_format
-
-        if not self.readable:
-            return None
-        form = chat_format(self.train.column_names, self.train.features, self.cfg.data.text_column)
-        if form == MESSAGES:
-            return f"a '{self.cfg.data.text_column or MESSAGES}' column of messages"
-        return None if form is None else "prompt and completion columns"
 
     @cached_property
     def images(self) -> bool:

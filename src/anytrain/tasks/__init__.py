@@ -1,4 +1,5 @@
-"""The tasks, one module each, and the registry: one line per task.
+"""The tasks, one module each (a folder where a task has its own data preparation), and the registry: one line
+per task.
 
     classify     classify.py     class ids; cross-entropy; accuracy (tables, images, streams, text)
     regress      regress.py      numeric targets, standardised; MSE or huber; RMSE, MAE, R²
@@ -6,11 +7,11 @@
     lm           lm.py           token windows; next-token cross-entropy; perplexity
     hf:classify  hf_text.py      a transformers sequence classifier on text
     hf:lm        hf_lm.py        a transformers causal LM, token-weighted loss
-    hf:tag       hf_tag.py       a transformers token classifier on tagged words; entity P/R/F1
-    hf:mlm       hf_mlm.py       a transformers masked LM on your text (domain adaptation); perplexity
-    hf:seq2seq   hf_seq2seq.py   a transformers encoder-decoder on source and target texts; exact match, BLEU
-    hf:sft       hf_sft.py       a transformers causal LM on chats (loss on the answers); exact match by generation
-    hf:classify-images  hf_image.py  a transformers vision model with its image processor (--task classify on images)
+    hf:tag       hf_tag/         a transformers token classifier on tagged words; entity P/R/F1
+    hf:mlm       hf_mlm/         a transformers masked LM on your text (domain adaptation); perplexity
+    hf:seq2seq   hf_seq2seq/     a transformers encoder-decoder on source and target texts; exact match, BLEU
+    hf:sft       hf_sft/         a transformers causal LM on chats (loss on the answers); exact match by generation
+    hf:classify-images  hf_image/    a transformers vision model with its image processor (--task classify on images)
 
 A task subclasses contract.Task (the enforced contract: each class is checked here, once). The registry is
 the only list of tasks: its order is the order in which `--task auto` asks each task whether it recognises the

@@ -1,4 +1,4 @@
-"""Images for a transformers vision model (tasks/hf_image.py): read as for any image classifier (a folder
+"""Images for a transformers vision model (tasks/hf_image/): read as for any image classifier (a folder
 with one subfolder per class, or a dataset with an Image column; labels checked and the missing splits
 carved, data/targets.py), kept encoded in Arrow, and prepared per batch by the model's own image
 processor (AutoImageProcessor from the model's folder: its resize, rescale and normalisation), as
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError, TrainConfig, first_line
-from ..shape import DataShape
-from .images import auto_image_workers, decode, image_column, undecoded
-from .sources import ImageFolder, named_splits, open_dataset, rows_to_predict
-from .splits import BatchRows, Splits
-from .targets import labelled_rows
+from ...config import ConfigError, TrainConfig, first_line
+from ...data.images import auto_image_workers, decode, image_column, undecoded
+from ...data.sources import ImageFolder, named_splits, open_dataset, rows_to_predict
+from ...data.splits import BatchRows, Splits
+from ...data.targets import labelled_rows
+from ...shape import DataShape
 
 PROCESSOR_FILE = "preprocessor_config.json"
 

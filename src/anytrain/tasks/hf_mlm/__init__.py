@@ -1,6 +1,6 @@
 """mlm: masked language modelling with a transformers model (AutoModelForMaskedLM): domain adaptation
 of a BERT-style model on your own text. Masks come from transformers' standard collator, seeded per
-row and epoch (data/hfmasked.py); the loss is the cross-entropy over the masked tokens, token-weighted
+row and epoch (tasks/hf_mlm/hfmasked.py); the loss is the cross-entropy over the masked tokens, token-weighted
 over the optimizer step (transformers.TokenWeighted); metrics: that loss, its perplexity and the
 accuracy of the masked tokens. The adapted model is saved with save_pretrained in run_dir/hf."""
 
@@ -11,12 +11,12 @@ from typing import cast
 
 import torch
 
-from ..best import HIGHER, LOWER
-from ..data.hfmasked import MaskedRows, masked_splits
-from ..data.splits import Splits
-from ..hf import Head
-from ..shape import DataShape
-from .transformers import TokenWeighted
+from ...best import HIGHER, LOWER
+from ...data.splits import Splits
+from ...hf import Head
+from ...shape import DataShape
+from ..transformers import TokenWeighted
+from .hfmasked import MaskedRows, masked_splits
 
 
 class MaskedLM(TokenWeighted):
@@ -26,7 +26,7 @@ class MaskedLM(TokenWeighted):
     head = Head("AutoModelForMaskedLM", "masked-LM")
 
     def load_data(self, given=None) -> Splits:
-        from .. import hf
+        from ... import hf
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
         self.data = masked_splits(self.cfg, self.tokenizer, given)

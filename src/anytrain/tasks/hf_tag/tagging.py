@@ -14,8 +14,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..config import ConfigError
-from ..shape import IGNORE
+from ...config import ConfigError
+from ...shape import IGNORE
 
 
 def align_labels(word_ids: list[int | None], word_labels: list[int]) -> list[int]:

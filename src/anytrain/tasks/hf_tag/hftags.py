@@ -1,6 +1,6 @@
-"""Tagged words for a transformers token classifier (tasks/hf_tag.py): a column of word lists
+"""Tagged words for a transformers token classifier (tasks/hf_tag/): a column of word lists
 (`--text-column`, default `tokens`) and a column of tag lists (`--label-column`), one tag per word, as
-in CoNLL-style datasets. The lists are checked (data/tagging.py), the missing splits carved, and each
+in CoNLL-style datasets. The lists are checked (tasks/hf_tag/tagging.py), the missing splits carved, and each
 sentence tokenised by the model's own tokenizer with `is_split_into_words`: a word's tag goes on its
 first sub-token, -100 on its other sub-tokens and on special tokens (transformers' run_ner convention),
 so a word counts once in the loss and the metrics. A batch is padded by DataCollatorForTokenClassification.
@@ -12,11 +12,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..config import ConfigError, TrainConfig
-from ..shape import IGNORE, DataShape
-from .hftext import pad_multiple
-from .sources import carve_rows, opened, rows_to_predict
-from .splits import Splits
+from ...config import ConfigError, TrainConfig
+from ...data.hftext import pad_multiple
+from ...data.sources import carve_rows, opened, rows_to_predict
+from ...data.splits import Splits
+from ...shape import IGNORE, DataShape
 from .tagging import align_labels, check_tagged
 
 WORDS = "tokens"  # the words column when --text-column is not given (CoNLL datasets on the hub name it so)

@@ -1,4 +1,4 @@
-"""Source and target texts for a transformers encoder-decoder (tasks/hf_seq2seq.py): a source column
+"""Source and target texts for a transformers encoder-decoder (tasks/hf_seq2seq/): a source column
 (`--text-column`, default `source`) and a target column (`--label-column`, default `target`), each
 checked as text, the missing splits carved, both tokenised by the model's own tokenizer (targets with
 `text_target=`, truncated at --max-length like the sources). A batch is padded by transformers'
@@ -11,12 +11,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..config import TrainConfig
-from ..shape import IGNORE, DataShape
-from .hftext import pad_multiple
-from .sources import carve_rows, opened, rows_to_predict
-from .splits import Splits
-from .textcls import check_texts
+from ...config import TrainConfig
+from ...data.hftext import pad_multiple
+from ...data.sources import carve_rows, opened, rows_to_predict
+from ...data.splits import Splits
+from ...data.textcls import check_texts
+from ...shape import IGNORE, DataShape
 
 SOURCE, TARGET = "source", "target"  # the columns when --text-column / --label-column are not given
 

@@ -1,4 +1,4 @@
-"""Text for a masked language model (tasks/hf_mlm.py): tokenised as for any transformers model
+"""Text for a masked language model (tasks/hf_mlm/): tokenised as for any transformers model
 (data/hftext.py), then masked by transformers' standard collator, DataCollatorForLanguageModeling
 (15 % of the non-special tokens chosen; of those 80 % become [MASK], 10 % a random token, 10 % stay),
 with its random generator seeded per row from (seed, split, epoch, row index).
@@ -16,10 +16,10 @@ import hashlib
 import numpy as np
 import torch
 
-from ..config import ConfigError, TrainConfig
-from ..shape import IGNORE
-from .hftext import HFRows, load_hf_splits
-from .splits import Splits
+from ...config import ConfigError, TrainConfig
+from ...data.hftext import HFRows, load_hf_splits
+from ...data.splits import Splits
+from ...shape import IGNORE
 
 MASKED_SHARE = 0.15  # BERT's, transformers' default
 

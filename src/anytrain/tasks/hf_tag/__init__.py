@@ -1,8 +1,8 @@
 """tag: token classification (named entities, parts of speech) with a transformers model,
-AutoModelForTokenClassification, on words tagged one label each (data/hftags.py). The loss is the
+AutoModelForTokenClassification, on words tagged one label each (tasks/hf_tag/hftags.py). The loss is the
 cross-entropy over the tagged sub-tokens (a word's first), token-weighted over the optimizer step
 (transformers.TokenWeighted). Metrics: token accuracy, and entity-level precision, recall and F1 by
-seqeval's definition (data/tagging.py) when the tags are IOB (B-PER, I-PER, O). `anytrain predict`
+seqeval's definition (tasks/hf_tag/tagging.py) when the tags are IOB (B-PER, I-PER, O). `anytrain predict`
 prints each word with its tag."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..best import HIGHER
-from ..data.splits import Splits
-from ..hf import Head
-from ..shape import IGNORE
-from ..usermodel import logits_of
-from .transformers import TokenWeighted
+from ...best import HIGHER
+from ...data.splits import Splits
+from ...hf import Head
+from ...shape import IGNORE
+from ...usermodel import logits_of
+from ..transformers import TokenWeighted
 
 
 class TokenClassification(TokenWeighted):
@@ -29,8 +29,8 @@ class TokenClassification(TokenWeighted):
     head = Head("AutoModelForTokenClassification", "token-classification", labelled=True)
 
     def load_data(self, given=None) -> Splits:
-        from .. import hf
-        from ..data.hftags import tagged_splits
+        from ... import hf
+        from .hftags import tagged_splits
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
         self.data = tagged_splits(self.cfg, self.tokenizer, given)
@@ -39,7 +39,7 @@ class TokenClassification(TokenWeighted):
 
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         """The token statistics, and each sentence's entities: correct, predicted, true (summed into P/R/F1)."""
-        from ..data.tagging import entity_counts
+        from .tagging import entity_counts
 
         stats = super().per_sample(outputs, targets)
         names = self.data.class_names or []
@@ -52,7 +52,7 @@ class TokenClassification(TokenWeighted):
         return {**stats, "entities_correct": found[:, 0], "entities_predicted": found[:, 1], "entities": found[:, 2]}
 
     def metrics(self, sums: dict, count: int) -> dict:
-        from ..data.tagging import prf
+        from .tagging import prf
 
         scores = prf(*(int(sums[k].item()) for k in ("entities_correct", "entities_predicted", "entities")))
         return {**super().metrics(sums, count), **scores}
@@ -61,9 +61,9 @@ class TokenClassification(TokenWeighted):
         return torch.zeros(batch, shape.max_length, dtype=torch.long)
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
-        from ..data.hftags import predict_tagged
-        from ..hf import tokenizer_of_run
-        from ..shape import DataShape
+        from ...hf import tokenizer_of_run
+        from ...shape import DataShape
+        from .hftags import predict_tagged
 
         column = json.loads(meta["input_columns"])[0]
         return predict_tagged(
@@ -71,7 +71,7 @@ class TokenClassification(TokenWeighted):
         )
 
     def predict_batch(self, model: nn.Module, inputs, meta: dict) -> list[dict]:
-        from ..data.hftags import word_tags
+        from .hftags import word_tags
 
         inputs = dict(inputs)
         word_ids, words = inputs.pop("word_ids"), inputs.pop("words")

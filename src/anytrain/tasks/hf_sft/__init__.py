@@ -1,4 +1,4 @@
-"""sft: supervised fine-tuning of a transformers causal LM on chats or prompt/completion pairs (data/chats.py).
+"""sft: supervised fine-tuning of a transformers causal LM on chats or prompt/completion pairs (tasks/hf_sft/chats.py).
 The loss is on the answers' tokens only, the mean over every answer token of the optimizer step's global
 batch (hf:lm's token weighting: the fused loss of lmhead.py with num_items_in_batch). Evaluation also generates
 each held-out conversation's last answer from the turns before it (greedy, stopping at the template's
@@ -15,12 +15,12 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..best import HIGHER
-from ..config import ConfigError, TrainConfig
-from ..data.splits import Splits
-from ..shape import IGNORE
-from .hf_lm import HFCausalLM
-from .hf_seq2seq import unwrapped
+from ...best import HIGHER
+from ...config import ConfigError, TrainConfig
+from ...data.splits import Splits
+from ...shape import IGNORE
+from ..hf_lm import HFCausalLM
+from ..hf_seq2seq import unwrapped
 
 SHOWN = 3  # generations printed after each evaluation
 
@@ -42,11 +42,19 @@ class SupervisedFineTuning(HFCausalLM):
     headline = "exact_match"
     offers = HFCausalLM.offers - {"predict"}  # hf:lm scores texts; a chat run answers prompts instead
 
+    hints = {"predict": "it answers prompts with `anytrain sample RUN --prompt ...`"}
+
     @classmethod
     def detect(cls, source) -> str | None:
-        return None if source.chats is None else f"auto: {source.chats}"
+        """Chats in TRL's columns: a messages column, or prompt and completion columns."""
+        from .chats import MESSAGES, chat_format
 
-    hints = {"predict": "it answers prompts with `anytrain sample RUN --prompt ...`"}
+        if not source.readable:
+            return None
+        form = chat_format(source.train.column_names, source.train.features, source.cfg.data.text_column)
+        if form == MESSAGES:
+            return f"auto: a '{source.cfg.data.text_column or MESSAGES}' column of messages"
+        return None if form is None else "auto: prompt and completion columns"
 
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
@@ -54,8 +62,8 @@ class SupervisedFineTuning(HFCausalLM):
         self.shown: list[str] = []  # this evaluation's first generations, for the log: a run's own, never shared
 
     def load_data(self, given=None) -> Splits:
-        from .. import hf
-        from ..data.chats import chat_splits
+        from ... import hf
+        from .chats import chat_splits
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
         self.data = chat_splits(self.cfg, self.tokenizer, given)
@@ -66,7 +74,7 @@ class SupervisedFineTuning(HFCausalLM):
     def generate(self, model: nn.Module, prompts: list[list[int]], new_tokens: int, **sampling) -> list[str]:
         """Each prompt's reply (left-padded into one batch), cut at the first stop token, decoded. A prompt keeps
         its last tokens where it and the reply would not fit the model's positions."""
-        from ..hf import max_positions
+        from ...hf import max_positions
 
         positions = max_positions(unwrapped(model).config) or len(max(prompts, key=len)) + new_tokens
         new_tokens = max(1, min(new_tokens, positions - 1))
@@ -122,7 +130,7 @@ class SupervisedFineTuning(HFCausalLM):
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
         """The reply to the prompt, as a user turn in the chat template (a text prompt as it is, for runs that
         trained on prompt/completion text), sampled (temperature, top-k, seed, up to --tokens tokens)."""
-        from ..hf import max_positions, tokenizer_of_run
+        from ...hf import max_positions, tokenizer_of_run
 
         self.tokenizer, self.stops = tokenizer_of_run(folder), json.loads(meta["stop_ids"])
         if meta.get("chat_template") == "yes":

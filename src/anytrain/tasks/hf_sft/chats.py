@@ -12,7 +12,7 @@ end-of-turn token is learned too (the model learns to stop). Every other token's
 
 The training split is packed (--packing, data/packing.py: conversations whole into rows, long ones split)
 or truncated at --max-length; validation and test keep one conversation a row, truncated at --max-length,
-so that evaluation can generate each one's last answer from what precedes it (tasks/hf_sft.py).
+so that evaluation can generate each one's last answer from what precedes it (tasks/hf_sft/).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..config import ConfigError, TrainConfig, first_line
-from ..shape import IGNORE, DataShape
-from .hftext import pad_multiple
-from .packing import PackedRows
-from .sources import carve_rows, opened
-from .splits import Splits
+from ...config import ConfigError, TrainConfig, first_line
+from ...data.hftext import pad_multiple
+from ...data.packing import PackedRows
+from ...data.sources import carve_rows, opened
+from ...data.splits import Splits
+from ...shape import IGNORE, DataShape
 
 ROLES = ("system", "user", "assistant")
 MESSAGES, PROMPT, COMPLETION = "messages", "prompt", "completion"

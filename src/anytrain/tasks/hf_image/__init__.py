@@ -1,6 +1,6 @@
 """classify images with a transformers vision model (ViT, ConvNeXt, ...): AutoModelForImageClassification
 with num_labels, id2label and label2id from the data (a checkpoint's head for another label count is
-replaced), the images prepared by the model's own AutoImageProcessor (data/hfimages.py), trained on the
+replaced), the images prepared by the model's own AutoImageProcessor (tasks/hf_image/hfimages.py), trained on the
 model's own loss (cross-entropy per image). Metrics and predictions are classify's; the run ends with
 the model and its image processor saved in run_dir/hf, which transformers' pipelines load."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 from torch import nn
 
-from ..data.splits import Splits
-from ..hf import Head
-from .classify import Classification
-from .transformers import Transformers
+from ...data.splits import Splits
+from ...hf import Head
+from ..classify import Classification
+from ..transformers import Transformers
 
 
 class HFImageClassification(Transformers, Classification):
@@ -26,8 +26,8 @@ class HFImageClassification(Transformers, Classification):
         return source.images
 
     def load_data(self, given=None) -> Splits:
-        from .. import hf
-        from ..data.hfimages import image_splits, load_processor
+        from ... import hf
+        from .hfimages import image_splits, load_processor
 
         self.processor = load_processor(hf.check_folder(self.cfg))
         channels = hf.num_channels(self.cfg)
@@ -36,14 +36,14 @@ class HFImageClassification(Transformers, Classification):
         return self.data
 
     def export(self, model: nn.Module, run_dir: Path) -> None:
-        from .. import hf
+        from ... import hf
 
         hf.save_pretrained(model, self.processor, run_dir)
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
-        from ..data.hfimages import load_processor, predict_images
-        from ..hf import FOLDER
-        from ..shape import DataShape
+        from ...hf import FOLDER
+        from ...shape import DataShape
+        from .hfimages import load_processor, predict_images
 
         processor = load_processor(str(folder / FOLDER))
         channels = DataShape.from_json(meta["data_shape"]).channels

@@ -1,5 +1,5 @@
 """seq2seq: a transformers encoder-decoder (AutoModelForSeq2SeqLM: T5, BART, ...) on source and target
-texts (data/hfpairs.py): translation, summarising, rewriting. The loss is the cross-entropy over the
+texts (tasks/hf_seq2seq/hfpairs.py): translation, summarising, rewriting. The loss is the cross-entropy over the
 target tokens, token-weighted over the optimizer step (transformers.TokenWeighted). Evaluation also
 generates (greedy, up to --max-length tokens) and scores the generations: exact match, and corpus BLEU
 by sacrebleu from per-sentence statistics summed over batches and ranks (so 2 ranks score as 1).
@@ -15,12 +15,12 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..best import HIGHER
-from ..config import ConfigError
-from ..data.splits import Splits
-from ..hf import Head
-from ..shape import IGNORE, DataShape
-from .transformers import TokenWeighted
+from ...best import HIGHER
+from ...config import ConfigError
+from ...data.splits import Splits
+from ...hf import Head
+from ...shape import IGNORE, DataShape
+from ..transformers import TokenWeighted
 
 BLEU_STATS = 10  # sacrebleu's per-sentence statistics: lengths (hypothesis, reference), matches 1-4, totals 1-4
 
@@ -60,8 +60,8 @@ class Seq2Seq(TokenWeighted):
     head = Head("AutoModelForSeq2SeqLM", "sequence-to-sequence")
 
     def load_data(self, given=None) -> Splits:
-        from .. import hf
-        from ..data.hfpairs import pair_splits
+        from ... import hf
+        from .hfpairs import pair_splits
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
         self.model_config = self.checked_config(self.tokenizer.pad_token_id)
@@ -109,8 +109,8 @@ class Seq2Seq(TokenWeighted):
         return {**super().weights_metadata(), "max_length": str(self.cfg.data.max_length)}
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
-        from ..data.hfpairs import predict_pairs
-        from ..hf import tokenizer_of_run
+        from ...hf import tokenizer_of_run
+        from .hfpairs import predict_pairs
 
         self.tokenizer = tokenizer_of_run(folder)
         column = json.loads(meta["input_columns"])[0]
@@ -122,7 +122,7 @@ class Seq2Seq(TokenWeighted):
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
         """The prompt as a source, and a target sampled for it (temperature, top-k, seed, up to --tokens tokens)."""
-        from ..hf import tokenizer_of_run
+        from ...hf import tokenizer_of_run
 
         self.tokenizer = tokenizer_of_run(folder)
         model = model.to(settings["device"])
