@@ -37,7 +37,10 @@ def rows() -> list[str]:
     return out
 
 
-HEADER = "| task (registry line) | module | lines | builds on | data helpers it calls |\n|---|---|---|---|---|\n"
+HEADER = (
+    "| task (registry line) | module or folder | lines | builds on | shared data/ modules it reads with |\n"
+    "|---|---|---|---|---|\n"
+)
 
 
 def write(guide: Path = ROOT / "docs" / "guide.md") -> None:

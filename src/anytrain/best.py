@@ -50,7 +50,7 @@ class Criterion:
 def changing_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The tensors training changes, by name (a tied weight once, under its first name)."""
     saved = model.state_dict(keep_vars=True)
-    tensors = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    tensors: dict[str, torch.Tensor] = {name: p for name, p in model.named_parameters() if p.requires_grad}
     tensors.update((name, b) for name, b in model.named_buffers() if name in saved)
     return tensors
 

@@ -494,7 +494,11 @@ class TrainConfig:
         for key, value in values.items():
             key = ALIASES.get(key, key)
             if key in SECTIONS and not (key == "model" and isinstance(value, str)):
-                fields = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+                fields = (
+                    dataclasses.asdict(value)
+                    if dataclasses.is_dataclass(value) and not isinstance(value, type)
+                    else value
+                )
                 sections[key].update(fields)
                 given.update(section_fields(key)[f] for f in fields if f in section_fields(key))
             elif key in OPTIONS:
@@ -688,7 +692,8 @@ def saved_options(saved: dict) -> dict:
     """{option name: value} of a config stored with a run (config.yaml, a checkpoint, the weights'
     metadata): sectioned, or flat from runs saved before sections; unknown options are left out."""
     known = {}
-    section = saved.get("data") if isinstance(saved.get("data"), dict) else saved
+    inner = saved.get("data")
+    section = inner if isinstance(inner, dict) else saved
     if isinstance(section.get("task"), str):
         resolve_task(section["task"])  # its own section; a moved file is said where the task is needed
     for key, value in saved.items():

@@ -11,6 +11,7 @@ rejects state dicts in which two names share one tensor).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -82,14 +83,14 @@ def init_weights(model: nn.Module, blocks: nn.ModuleList) -> None:
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-            if getattr(module, "bias", None) is not None:
+            if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
     residual_std = INIT_STD / math.sqrt(2 * len(blocks))
     for block in blocks:
-        nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
-        nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+        nn.init.normal_(cast("Block", block).attn.proj.weight, mean=0.0, std=residual_std)
+        nn.init.normal_(cast("Block", block).mlp.proj.weight, mean=0.0, std=residual_std)
 
 
 class GPT(nn.Module):

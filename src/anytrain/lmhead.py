@@ -16,6 +16,7 @@ import os
 import sys
 import types
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -34,7 +35,7 @@ def chunk_tokens(vocabulary: int) -> int:
 
 def chunk_of(model: nn.Module) -> int:
     """Tokens a chunk for this model's output layer."""
-    return chunk_tokens(model.get_output_embeddings().weight.shape[0])
+    return chunk_tokens(cast(Any, model).get_output_embeddings().weight.shape[0])  # a transformers model
 
 
 def chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -111,7 +112,8 @@ class FusedOutput:
 
 def why_not(model: nn.Module) -> str | None:
     """Why this causal LM keeps its own loss (None: it can be fused)."""
-    head, backbone = model.get_output_embeddings(), getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = cast(Any, model).get_output_embeddings()  # a transformers model
+    backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
     if not isinstance(head, nn.Linear) or not isinstance(backbone, nn.Module) or backbone is model:
         return "its output layer is not one linear layer after a backbone"
     scaled = [name for name in SCALED_LOGITS if getattr(model.config, name, None) not in (None, 1, 1.0)]

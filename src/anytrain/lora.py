@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 from torch import nn
 
@@ -88,5 +89,6 @@ def rebuild(model: nn.Module, meta: dict, auto_class: str) -> nn.Module:
 
 def export(model: nn.Module, run_dir: Path) -> nn.Module:
     """Save the adapter into run_dir/adapter; return the merged model (peft merges in place: the last use)."""
-    model.save_pretrained(run_dir / ADAPTER)
-    return model.merge_and_unload()
+    peft_model = cast(Any, model)  # a peft PeftModel
+    peft_model.save_pretrained(run_dir / ADAPTER)
+    return peft_model.merge_and_unload()

@@ -220,7 +220,7 @@ def placement(model: nn.Module) -> str:
     if isinstance(model, TwoStageModel):
         return model.placement()
     device = next(model.parameters()).device
-    return f"single device: all {len(model)} layers ({count_params(model):,} params) on {device}"
+    return f"single device: all {len(list(model.children()))} layers ({count_params(model):,} params) on {device}"
 
 
 # --------------------------------------------------------------------------- training
@@ -287,6 +287,8 @@ def prepare(cfg: TrainConfig, mode: str, split_at: int | None, micro_batches: in
             f"{type(model).__name__}"
         )
     model = split_model(model, mode, split_at, micro_batches, devices)
+    if data.test is None:
+        raise ConfigError(f"--dataset: {cfg.data.dataset} has no test split")
     train_loader, sampler = make_train_loader(data.train, cfg)
     loaders = train_loader, make_loader(data.validation, cfg, shuffle=False), make_loader(data.test, cfg, shuffle=False)
     check_batches_fit(model, cfg, data)

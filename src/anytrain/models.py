@@ -26,6 +26,8 @@ class Standardize(nn.Module):
 
     def __init__(self, mean: torch.Tensor, std: torch.Tensor):
         super().__init__()
+        self.mean: torch.Tensor
+        self.std: torch.Tensor
         self.register_buffer("mean", mean.clone())
         self.register_buffer("std", std.clone())
 
@@ -55,6 +57,7 @@ def hidden_layers(model: ModelConfig, width: int) -> tuple[list[nn.Module], int]
 
 def build_mlp(model: ModelConfig, shape: DataShape) -> nn.Sequential:
     """Fully connected layers; images are flattened first."""
+    first: list[nn.Module]
     if shape.kind == "image":
         first, width = [nn.Flatten()], shape.channels * shape.image_size**2
     else:

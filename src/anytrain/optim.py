@@ -40,7 +40,7 @@ def fused_devices() -> tuple[str, ...]:
         return ("cuda",)
 
 
-def lr_factor(step: int, optim: OptimConfig, total_steps: int) -> float:
+def lr_factor(step: int, optim: OptimConfig, total_steps: float) -> float:
     """Multiplier of optim.lr for the update made at optimizer step `step` (0-based)."""
     if step < optim.warmup_steps:
         return (step + 1) / optim.warmup_steps
@@ -55,7 +55,7 @@ def lr_factor(step: int, optim: OptimConfig, total_steps: int) -> float:
 
 
 def build_scheduler(
-    optim: OptimConfig, optimizer: torch.optim.Optimizer, total_steps: int
+    optim: OptimConfig, optimizer: torch.optim.Optimizer, total_steps: float
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Stepped once per real optimizer step by the loop. It is deliberately not passed to
     accelerator.prepare(): the prepared scheduler steps num_processes times per optimizer step."""

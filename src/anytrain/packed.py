@@ -17,6 +17,8 @@ random generator (training's random numbers are untouched).
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import nn
 
@@ -56,7 +58,7 @@ def changes(model: nn.Module, mask: str | None) -> tuple[float, float]:
     "float", also the 4D block-diagonal mask) differ from each text's alone, relative to the logits' scale:
     (the first text's change, the second's)."""
     generator = torch.Generator().manual_seed(0)
-    vocabulary = model.get_input_embeddings().weight.shape[0]
+    vocabulary = cast(Any, model).get_input_embeddings().weight.shape[0]  # a transformers model
     texts = [torch.randint(1, vocabulary, (1, n), generator=generator) for n in LENGTHS]
     alone = [model(input_ids=ids, use_cache=False).logits.float() for ids in texts]
     positions = torch.cat([torch.arange(n) for n in LENGTHS])[None]

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 METRICS = "metrics.jsonl"
 
@@ -88,7 +89,7 @@ def _draw_panel(ax, panel: tuple[str, str, str], runs: list[list[dict]], colors:
     from matplotlib.ticker import MaxNLocator
 
     key, title, ylabel = panel
-    validation = {"linestyle": "--", "marker": "o", "markersize": 4}
+    validation: dict[str, Any] = {"linestyle": "--", "marker": "o", "markersize": 4}
     for records, color, label in zip(runs, colors, labels):
         if key == "loss":
             ax.plot(*_series(records, "train", "loss"), color=color, label=label)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -198,11 +199,11 @@ class Parts:
     criterion: Callable  # the training loss (tasks.base.training_loss)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    train_loader: object
-    val_loader: object
-    test_loader: object | None
+    train_loader: Any  # accelerate's DataLoaderShard (or a dispatcher for a stream)
+    val_loader: Any
+    test_loader: Any
     progress: Progress
-    total_steps: int
+    total_steps: int | float  # float only as infinity: a stream without --max-steps is refused earlier
     resume_from: Path | None
 
 
@@ -247,7 +248,7 @@ def _train(cfg: TrainConfig, signals: StopSignals, lock: RunLock, given: Given) 
 
 def take_lock(accelerator: Accelerator, lock: RunLock) -> None:
     """The main process locks the run folder; every rank learns the outcome, so all stop together."""
-    outcome = [None, None]  # error, warning
+    outcome: list[str | None] = [None, None]  # error, warning
     if accelerator.is_main_process:
         try:
             outcome[1] = lock.acquire()
@@ -309,7 +310,6 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
     open_run_folder(cfg, accelerator, progress.step if resume_from else None, data.files)
     test_loader = loaders[2] if len(loaders) > 2 else None
-    steps = {"progress": progress, "total_steps": total_steps, "resume_from": resume_from}
     return Parts(
         cfg,
         accelerator,
@@ -320,9 +320,12 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
         criterion,
         optimizer,
         scheduler,
-        *loaders[:2],
-        test_loader,
-        **steps,
+        train_loader=loaders[0],
+        val_loader=loaders[1],
+        test_loader=test_loader,
+        progress=progress,
+        total_steps=total_steps,
+        resume_from=resume_from,
     )
 
 
@@ -626,7 +629,7 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
         "skipped_optimizer_steps": loop.skipped_steps,
         "stopped_early_at_epoch": outcome["stopped_early_at_epoch"],
         "resumed_from": str(parts.resume_from) if parts.resume_from else None,
-        **task.rates(*speed.total, speed.train_seconds()),
+        **task.rates(speed.total[0], speed.total[1], speed.train_seconds()),
         "first_step_s": speed.first_step_s,
         # import anytrain (the top of src/train.py) to the end of the first optimizer step: the start-up a user waits
         "start_to_first_step_s": speed.first_step_end and speed.first_step_end - IMPORTED_AT,

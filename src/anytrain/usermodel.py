@@ -65,10 +65,13 @@ def _import_file(path: Path):
     if key in _IMPORTED:
         return _IMPORTED[key]
     name = f"anytrain_user_{path.stem}"
-    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python module")
+    module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.resolve().parent))  # the file may import its neighbours
     sys.modules[name] = module  # so its classes pickle (DataLoader workers, torch.save)
-    module.__spec__.loader.exec_module(module)
+    spec.loader.exec_module(module)
     _IMPORTED[key] = module
     return module
 

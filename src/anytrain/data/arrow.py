@@ -41,7 +41,8 @@ class ArrowRows(BatchRows):
 
     def column_stats(self, source: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-feature mean and (unbiased) std in one chunked pass; ConfigError on NaN or infinity."""
-        total = squares = None
+        total: np.ndarray | None = None
+        squares: np.ndarray | None = None
         count = 0
         for chunk in self.rows.iter(batch_size=CHUNK_ROWS):
             try:
@@ -55,6 +56,8 @@ class ArrowRows(BatchRows):
             total = x.sum(0) if total is None else total + x.sum(0)
             squares = (x * x).sum(0) if squares is None else squares + (x * x).sum(0)
             count += len(x)
+        if total is None or squares is None:
+            raise ConfigError(f"--dataset: {source} ({split} split) has no rows")
         mean = total / count
         var = np.maximum(squares - count * mean * mean, 0.0) / max(count - 1, 1)
         std = np.sqrt(var)

@@ -18,12 +18,12 @@ from ..config import ConfigError, TrainConfig
 from ..shape import IGNORE, DataShape
 from .packing import PackedRows
 from .sources import carve_rows, opened
-from .splits import Splits
+from .splits import Rows, Splits
 from .targets import labelled_rows
 from .textcls import check_texts
 
 
-class HFRows(torch.utils.data.Dataset):
+class HFRows(Rows):
     """Tokenised texts and their targets; `__getitems__` pads a batch to its longest text (a multiple of
     `multiple`). For a language model the targets are the ids, -100 where padded."""
 
@@ -78,7 +78,7 @@ def load_hf_splits(
     def tokenise(batch):
         return tokenizer(batch[column], truncation=True, max_length=cfg.data.max_length)
 
-    rows = {}
+    rows: dict[str, Rows] = {}
     for name, (ds, labels) in parts.items():
         encoded = ds.map(tokenise, batched=True, remove_columns=ds.column_names, desc=f"tokenising {name}")
         rows[name] = HFRows(encoded, labels, tokenizer, multiple)
@@ -90,7 +90,8 @@ def lm_splits(parts: dict, cfg: TrainConfig, tokenizer, source: str, column: str
     truncated at --max-length, the tokens that drops counted and said at start."""
     max_length = cfg.data.max_length
     multiple = pad_multiple()
-    rows, dropped = {}, {}
+    rows: dict[str, Rows] = {}
+    dropped: dict[str, tuple[int, int]] = {}
     for name, (ds, _) in parts.items():
         encoded = ds.map(
             lambda batch: tokenizer(batch[column]),
@@ -108,8 +109,8 @@ def lm_splits(parts: dict, cfg: TrainConfig, tokenizer, source: str, column: str
     splits = hf_text_splits(rows, tokenizer, 0, None, max_length, source, [column])
     lost, total = (0 if cfg.data.packing else dropped["train"][0]), dropped["train"][1]
     splits.facts["truncated_train_tokens"] = lost
-    if cfg.data.packing:
-        train = rows["train"]
+    train = rows["train"]
+    if isinstance(train, PackedRows):  # --packing
         splits.facts.update(packed_rows=len(train), packed_sequences=train.sequences, truncated_train_texts=0)
         splits.facts["data_path"] = "datasets.map tokenised (cached), packed into rows of --max-length"
     elif lost:

@@ -79,8 +79,7 @@ class ImageRows(BatchRows):
     """One split: Arrow-backed rows (images stay encoded) and the labels, turned into a batch of
     float tensors (batch, channels, size, size) only when the DataLoader asks for one."""
 
-    @property
-    def AUTO_WORKERS(self) -> int:
+    def auto_workers(self) -> int:
         return auto_image_workers()
 
     def __init__(
@@ -245,7 +244,7 @@ def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) 
     parts, num_classes, class_names = labelled_rows(splits, cfg, source)
     look = measure_look(*sample_values(parts["train"][0], column), cfg, source)
     rows = {
-        name: ImageRows(ds, column, y, name, look, cfg.data.augment if name == "train" else (), cfg.run.seed)
+        name: ImageRows(ds, column, y, name, look, tuple(cfg.data.augment) if name == "train" else (), cfg.run.seed)
         for name, (ds, y) in parts.items()
     }
     facts = {

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..shape import IGNORE
+from .splits import Rows
 
 
 def pieces(lengths: np.ndarray, max_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -38,7 +39,7 @@ def row_layout(sizes: np.ndarray, max_length: int) -> np.ndarray:
     return rows
 
 
-class PackedRows(torch.utils.data.Dataset):
+class PackedRows(Rows):
     """Rows of max_length tokens: inputs {input_ids, position_ids} (no attention mask), targets the ids with
     -100 at each sequence's first token and on padding (and where `label_lists`, when given, say -100)."""
 

@@ -8,7 +8,9 @@ index operation instead of a Python row at a time), or a stream (stream.py) that
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
@@ -16,11 +18,38 @@ from ..config import TrainConfig
 from ..shape import DataShape
 
 
-class BatchRows(Dataset):
+class Rows(Dataset):
+    """One split, as the loop reads it: every split a task's data loading returns is one (map-style rows read
+    through a DataLoader, or a stream of batches). The loop tells it each epoch; it says how many DataLoader
+    workers --num-workers auto gives it."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch's own random draws (image augmentation, masks); none by default (the sampler shuffles)."""
+
+    def auto_workers(self) -> int:
+        """DataLoader workers for --num-workers auto: none (the step uses the cores); images ask for some."""
+        return 0
+
+
+@runtime_checkable
+class TargetRows(Protocol):
+    """Rows of a token-weighted task: how many target tokens each row holds (numpy, one count a row)."""
+
+    @property
+    def targets_per_row(self) -> np.ndarray: ...
+
+
+def targets_of(rows: Rows) -> np.ndarray:
+    """The target-token count of each row; TypeError for rows that do not count them."""
+    if not isinstance(rows, TargetRows):
+        raise TypeError(f"{type(rows).__name__} does not count its rows' target tokens (targets_per_row)")
+    return rows.targets_per_row
+
+
+class BatchRows(Rows):
     """A split read a whole batch at a time: subclasses hold `targets` and define `__getitems__`."""
 
     targets: torch.Tensor
-    AUTO_WORKERS = 0  # DataLoader workers for --num-workers auto (images: images.ImageRows)
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -29,8 +58,8 @@ class BatchRows(Dataset):
         inputs, targets = self.__getitems__([index])
         return inputs[0], targets[0]
 
-    def set_epoch(self, epoch: int) -> None:
-        """Nothing random to redraw (the sampler shuffles)."""
+    def __getitems__(self, indices: list[int]):
+        raise NotImplementedError
 
 
 class TensorPairs(BatchRows):
@@ -47,6 +76,27 @@ class TensorPairs(BatchRows):
         return self.inputs[index], self.targets[index]
 
 
+@dataclass(frozen=True)
+class TargetStats:
+    """Numeric targets standardised with the training split's statistics (regression): per target column."""
+
+    mean: list[float]
+    std: list[float]
+    names: list[str]
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps({"mean": self.mean, "std": self.std, "names": self.names})
+
+    @classmethod
+    def from_json(cls, text: str) -> TargetStats:
+        import json
+
+        stats = json.loads(text)
+        return cls(stats["mean"], stats["std"], stats["names"])
+
+
 @dataclass
 class Splits:
     """A task's data: three splits and what the rest of the run needs to know about them.
@@ -60,11 +110,12 @@ class Splits:
     notes      lines the trainer prints at start (skipped files, a label that looks like a quantity)
     tokenizer  text: the tokenizer its ids come from (tokenizer.Vocab or BPE, or a transformers tokenizer)
     tokens_per_sample  real tokens per training sample, for tokens/s (None: not text)
+    target_stats  standardised numeric targets: their training statistics (None: targets are not standardised)
     """
 
-    train: Dataset
-    validation: Dataset
-    test: Dataset | None
+    train: Rows
+    validation: Rows
+    test: Rows | None
     shape: DataShape
     source: str
     class_names: list[str] | None = None  # string labels (sorted: id i is the i-th) or a ClassLabel's names
@@ -76,6 +127,7 @@ class Splits:
     notes: list[str] = field(default_factory=list)
     tokenizer: object = None
     tokens_per_sample: float | None = None
+    target_stats: TargetStats | None = None
 
     @classmethod
     def of(cls, rows: dict, shape: DataShape, source: str, **facts) -> Splits:
@@ -96,12 +148,12 @@ def keep_batch(batch):
     return batch
 
 
-def loader_workers(data: Dataset, cfg: TrainConfig) -> int:
-    """--num-workers, or for auto (-1) what the split asks for: AUTO_WORKERS (images: 1, else 0)."""
-    return cfg.data.num_workers if cfg.data.num_workers >= 0 else getattr(data, "AUTO_WORKERS", 0)
+def loader_workers(data: Rows, cfg: TrainConfig) -> int:
+    """--num-workers, or for auto (-1) what the split asks for (images: 1, else 0)."""
+    return cfg.data.num_workers if cfg.data.num_workers >= 0 else data.auto_workers()
 
 
-def make_loader(data: Dataset, cfg: TrainConfig, shuffle: bool) -> DataLoader:
+def make_loader(data: Rows, cfg: TrainConfig, shuffle: bool) -> DataLoader:
     workers = loader_workers(data, cfg)
     persistent = cfg.data.persistent_workers and workers > 0
     if isinstance(data, IterableDataset):  # a stream (stream.py) yields whole batches and shuffles in its buffer

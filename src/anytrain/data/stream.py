@@ -25,13 +25,13 @@ from torch.utils.data import IterableDataset
 
 from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
-from .splits import Splits
+from .splits import Rows, Splits
 
 SHUFFLE_BUFFER = 10_000  # rows held to shuffle the training stream
 STATS_ROWS = 10_000  # first training rows used for the statistics (images: images.STATS_SAMPLE)
 
 
-class StreamBatches(IterableDataset):
+class StreamBatches(IterableDataset, Rows):
     """A datasets IterableDataset read in batches and converted to (inputs, targets) tensors."""
 
     def __init__(self, stream, batch_size: int, convert, split: str):

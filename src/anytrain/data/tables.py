@@ -18,7 +18,7 @@ import torch
 from ..config import ConfigError, TrainConfig
 from ..shape import DataShape
 from .sources import ImageFolder, as_stream, carve, named_splits, numeric_rows, open_dataset
-from .splits import Splits, TensorPairs
+from .splits import Splits, TargetStats, TensorPairs
 from .targets import (
     CLASSES,
     VALUES,
@@ -95,10 +95,8 @@ def _classify_only(cfg: TrainConfig, targets: str, what: str, passed=None):
 
 
 def _target_splits(tensors: dict, cfg: TrainConfig, source: str, columns: list, form: str) -> Splits:
-    """Regression and multi-label splits: targets made (targets.py), missing splits carved, then standardised.
-    A regression's target statistics go with the weights (metadata 'targets')."""
-    import json
-
+    """Regression and multi-label splits: targets made (targets.py), missing splits carved, then standardised
+    (a regression's: their statistics in `target_stats`)."""
     labels = {name: y for name, (_, y, _) in tensors.items()}
     if form == VALUES:
         targets = {name: regression_values(y, cfg, source, name) for name, y in labels.items()}
@@ -106,13 +104,12 @@ def _target_splits(tensors: dict, cfg: TrainConfig, source: str, columns: list, 
     else:
         targets, names = multi_hot(labels, cfg, source)
     parts = carve({name: (x, targets[name]) for name, (x, _, _) in tensors.items()}, cfg, source)
-    extra = {}
+    stats = None
     if form == VALUES:
         parts, mean, std = standardised(parts)
-        stats = {"mean": mean.tolist(), "std": std.tolist(), "names": label_columns(cfg)}
-        extra = {"targets": json.dumps(stats)}
+        stats = TargetStats(mean.tolist(), std.tolist(), label_columns(cfg))
     data = in_memory(parts, parts["train"][1].shape[1], source, names, columns)
-    data.metadata.update(extra)
+    data.target_stats = stats
     return data
 
 

@@ -21,14 +21,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import torch
-from torch.utils.data import Dataset
 
 from ..config import ConfigError, TrainConfig, first_line
 from ..files import atomic_path
 from ..shape import DataShape
 from .bundled import SHAKESPEARE_PATH
 from .sources import check_utf8, named_splits, open_dataset
-from .splits import Splits
+from .splits import Rows, Splits
 from .tokenizer import Vocab, bpe_for_run
 
 MAX_CHAR_VOCAB = 256  # --vocab auto: a larger training alphabet falls back to bytes
@@ -36,7 +35,7 @@ MEMMAP_TOKENS = 64 * 2**20  # a split with more tokens than this is written to a
 CHUNK_DOCS = 1024  # documents read from Arrow at a time
 
 
-class TokenWindows(Dataset):
+class TokenWindows(Rows):
     """Windows of block_size + 1 tokens of one token array; `__getitems__` cuts a whole batch at once."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, starts: np.ndarray | None = None):
@@ -99,7 +98,7 @@ def load_text_splits(cfg: TrainConfig, given=None) -> Splits:
         cut = int(stop * (1 - cfg.data.val_fraction))  # the first (1 - val_fraction) of the characters train
         pieces["train"], pieces["validation"] = (ds, 0, cut), (ds, cut, stop)
     vocab = choose_vocab(cfg, pieces, source)
-    tokens = {name: _tokens(vocab, *piece, column) for name, piece in pieces.items()}
+    tokens = {name: _tokens(vocab, ds, start, stop, column) for name, (ds, start, stop) in pieces.items()}
     for name, array in tokens.items():
         if len(array) < cfg.data.block_size + 1:
             raise ConfigError(

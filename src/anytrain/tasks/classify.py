@@ -48,6 +48,12 @@ class Labelled(Task):
         return make_model(self.cfg.model, shape, given, self.example_targets(shape, 2))
 
     @classmethod
+    def detect(cls, source) -> str | None:
+        """The training labels hold what this task learns (data.targets: values, lists), said as why."""
+        form = source.labels
+        return f"auto: {form[1]}" if form is not None and form[0] == cls.label_form else None
+
+    @classmethod
     def fits(cls, cfg: TrainConfig) -> tuple[tuple[str, ...] | None, str]:
         return LABELLED, f"--task {cls.name}"
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import cast
 
 import torch
 from torch import nn
 
+from ..data.splits import targets_of
 from ..hf import Head
 from ..shape import IGNORE, DataShape
 from ..usermodel import logits_of
 from .lm import LanguageModel
-from .transformers import TargetRows, Transformers, token_sums, token_weighted, with_row_loss
+from .transformers import Transformers, token_sums, token_weighted, with_row_loss
 
 
 class HFCausalLM(Transformers, LanguageModel):
@@ -45,7 +45,7 @@ class HFCausalLM(Transformers, LanguageModel):
         return shape.example_inputs(batch)
 
     def train_batches(self, batches, loader, epoch: int, skipped: int):
-        per_row = cast(TargetRows, self.data.train).targets_per_row  # every token of a text but its first
+        per_row = targets_of(self.data.train)  # every token of a text but its first
         return token_weighted(batches, loader, epoch, skipped, per_row, self.cfg.optim.grad_accum_steps)
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:

@@ -24,11 +24,6 @@ class MultiLabel(Labelled):
     label_form = LISTS
 
     @classmethod
-    def detect(cls, source) -> str | None:
-        form = source.labels
-        return f"auto: {form[1]}" if form is not None and form[0] == LISTS else None
-
-    @classmethod
     def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
         if cfg.data.text_column and reason.startswith("auto"):
             raise ConfigError(

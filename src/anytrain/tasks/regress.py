@@ -4,7 +4,6 @@ RMSE, MAE and R² in the original units; predict prints values by column name.""
 
 from __future__ import annotations
 
-import json
 import math
 
 import torch
@@ -12,7 +11,7 @@ from torch.nn import functional as F
 
 from ..best import HIGHER, LOWER
 from ..config import TrainConfig
-from ..data.splits import Splits
+from ..data.splits import Splits, TargetStats
 from ..data.targets import VALUES
 from ..shape import DataShape
 from ..usermodel import logits_of
@@ -27,18 +26,19 @@ class Regression(Labelled):
     label_form = VALUES
 
     @classmethod
-    def detect(cls, source) -> str | None:
-        form = source.labels
-        return f"auto: {form[1]}" if form is not None and form[0] == VALUES else None
-
-    @classmethod
     def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
         tables_only(cfg, cls.name)
 
     def load_data(self, given=None) -> Splits:
         data = super().load_data(given)
-        self.target_std = torch.tensor(json.loads(data.metadata["targets"])["std"])
+        assert data.target_stats is not None  # tables standardise numeric targets
+        self.target_std = torch.tensor(data.target_stats.std)
         return data
+
+    def weights_metadata(self) -> dict[str, str]:
+        """+ the targets' statistics, which turn predictions back into the labels' units."""
+        assert self.data.target_stats is not None
+        return {**super().weights_metadata(), "targets": self.data.target_stats.to_json()}
 
     def huber(self) -> bool:
         return self.cfg.optim.loss == "huber"
@@ -71,6 +71,6 @@ class Regression(Labelled):
         return torch.zeros(batch, shape.num_classes)
 
     def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]:
-        stats = json.loads(meta["targets"])
-        values = outputs.float() * torch.tensor(stats["std"]) + torch.tensor(stats["mean"])
-        return [dict(zip(stats["names"], row)) for row in values.tolist()]
+        stats = TargetStats.from_json(meta["targets"])
+        values = outputs.float() * torch.tensor(stats.std) + torch.tensor(stats.mean)
+        return [dict(zip(stats.names, row)) for row in values.tolist()]

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Protocol, cast
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -19,7 +17,7 @@ from torch.nn import functional as F
 from .. import lora
 from ..best import HIGHER, LOWER
 from ..config import TrainConfig
-from ..data.splits import Splits
+from ..data.splits import Splits, targets_of
 from ..hf import Head
 from ..shape import IGNORE, DataShape
 from ..usermodel import logits_of
@@ -208,12 +206,6 @@ def with_row_loss(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"loss": sums["token_loss"] / sums["tokens"].clamp(min=1), **sums}
 
 
-class TargetRows(Protocol):
-    """The training rows of a token-weighted task: how many target tokens each row holds."""
-
-    targets_per_row: np.ndarray
-
-
 class TokenWeighted(Transformers):
     """A transformers task whose loss it computes itself from the model's logits (the model is not given the
     labels: BERT's and T5's own losses are plain per-batch means): the sum of the cross-entropy over the
@@ -227,7 +219,7 @@ class TokenWeighted(Transformers):
 
     def targets_per_row(self, epoch: int):
         """Target tokens of each training row in this epoch (numpy)."""
-        return cast(TargetRows, self.data.train).targets_per_row
+        return targets_of(self.data.train)
 
     def train_batches(self, batches, loader, epoch: int, skipped: int):
         shares = step_shares(loader, epoch, self.targets_per_row(epoch), self.cfg.optim.grad_accum_steps)

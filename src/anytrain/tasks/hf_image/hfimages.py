@@ -45,8 +45,7 @@ class ProcessedImages(BatchRows):
     """One split: rows in Arrow (images encoded) and labels; a batch is ({"pixel_values"}, labels), the images
     decoded and prepared by the processor only when the DataLoader asks for them."""
 
-    @property
-    def AUTO_WORKERS(self) -> int:
+    def auto_workers(self) -> int:
         return auto_image_workers()
 
     def __init__(self, rows, column: str, targets: torch.Tensor, processor, mode: str, split: str):

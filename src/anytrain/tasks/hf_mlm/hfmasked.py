@@ -77,4 +77,4 @@ def masked_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
     data = load_hf_splits(cfg, tokenizer, given, column=cfg.data.text_column)
     rows = {name: MaskedRows(getattr(data, name), name, cfg.run.seed) for name in ("train", "validation", "test")}
     facts = {**data.facts, "masked_share": MASKED_SHARE, "masking": "DataCollatorForLanguageModeling, seeded per row"}
-    return dataclasses.replace(data, **rows, facts=facts)
+    return dataclasses.replace(data, train=rows["train"], validation=rows["validation"], test=rows["test"], facts=facts)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from ...config import TrainConfig
 from ...data.hftext import pad_multiple
 from ...data.sources import carve_rows, opened, rows_to_predict
-from ...data.splits import Splits
+from ...data.splits import Rows, Splits
 from ...data.textcls import check_texts
 from ...shape import IGNORE, DataShape
 
@@ -25,7 +24,7 @@ def columns(cfg: TrainConfig) -> tuple[str, str]:
     return cfg.data.text_column or SOURCE, cfg.data.label_column if "label_column" in cfg.given else TARGET
 
 
-class PairRows(Dataset):
+class PairRows(Rows):
     """Tokenised sources and targets; `__getitems__` pads a batch and adds the decoder's inputs."""
 
     def __init__(self, encoded, tokenizer, multiple: int | None, decoder_start: int):

@@ -66,9 +66,8 @@ class SupervisedFineTuning(HFCausalLM):
         from .chats import chat_splits
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
-        self.data = chat_splits(self.cfg, self.tokenizer, given)
+        self.data, self.stops = chat_splits(self.cfg, self.tokenizer, given)
         self.model_config = self.checked_config(self.tokenizer.pad_token_id)
-        self.stops = json.loads(self.data.metadata["stop_ids"])
         return self.data
 
     def generate(self, model: nn.Module, prompts: list[list[int]], new_tokens: int, **sampling) -> list[str]:

@@ -21,13 +21,12 @@ import json
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from ...config import ConfigError, TrainConfig, first_line
 from ...data.hftext import pad_multiple
 from ...data.packing import PackedRows
 from ...data.sources import carve_rows, opened
-from ...data.splits import Splits
+from ...data.splits import Rows, Splits
 from ...shape import IGNORE, DataShape
 
 ROLES = ("system", "user", "assistant")
@@ -186,7 +185,7 @@ def check_answers(renderers: list[Renderer], source: str) -> list[str]:
     return [f"{empty:,} of {answers:,} assistant answers in {source} are empty: only their end of turn is learned"]
 
 
-class ChatRows(Dataset):
+class ChatRows(Rows):
     """Tokenised conversations, one a row, held as two flat int32 arrays and row offsets (compact: no Python
     list per row); `__getitems__` pads a batch on the right (input_ids with the pad id, attention_mask,
     targets -100), to a multiple of `multiple` when given."""
@@ -246,8 +245,9 @@ def check_tokenizer(cfg: TrainConfig, tokenizer, form: str, ds) -> None:
         )
 
 
-def chat_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
-    """The chats read, checked, carved and tokenised: Splits whose batches are (model inputs, target ids)."""
+def chat_splits(cfg: TrainConfig, tokenizer, given=None) -> tuple[Splits, list[int]]:
+    """The chats read, checked, carved and tokenised: Splits whose batches are (model inputs, target ids), and
+    the template's end-of-turn ids (what generation stops at; saved with the weights as 'stop_ids')."""
     splits, source = opened(cfg, given)
     train = splits["train"]
     form = chat_format(train.column_names, train.features, cfg.data.text_column)
@@ -262,7 +262,8 @@ def chat_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
     renderers = {name: Renderer(form, column, tokenizer, source, name) for name in splits}
     encoded = {name: encode_split(ds, renderers[name]) for name, ds in splits.items()}
     notes = check_answers(list(renderers.values()), source)
-    rows, dropped, stops = {}, 0, []
+    rows: dict[str, Rows] = {}
+    dropped, stops = 0, []
     for name, ds in carve_rows(encoded, cfg, source).items():
         ids = [piece for row in ds["input_ids"] for piece in row]  # a conversation's pieces, in order
         labels = [piece for row in ds["labels"] for piece in row]
@@ -279,9 +280,9 @@ def chat_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
         "chat_format": form,
         "chat_template": "yes" if templated(form, train) else "no",
     }
-    splits = splits_of(rows, cfg, tokenizer, source, (form, column, meta), dropped)
-    splits.notes.extend(notes)
-    return splits
+    data = splits_of(rows, cfg, tokenizer, source, (form, column, meta), dropped)
+    data.notes.extend(notes)
+    return data, stops
 
 
 def splits_of(rows: dict, cfg: TrainConfig, tokenizer, source: str, chats: tuple, dropped: int) -> Splits:

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from ...config import ConfigError, TrainConfig
 from ...data.hftext import pad_multiple
 from ...data.sources import carve_rows, opened, rows_to_predict
-from ...data.splits import Splits
+from ...data.splits import Rows, Splits
 from ...shape import IGNORE, DataShape
 from .tagging import align_labels, check_tagged
 
 WORDS = "tokens"  # the words column when --text-column is not given (CoNLL datasets on the hub name it so)
 
 
-class TaggedRows(Dataset):
+class TaggedRows(Rows):
     """Tokenised sentences with their sub-token tags; `__getitems__` pads a batch (tags with -100). Rows may
     also carry each sub-token's word index and the words (predict): kept beside the model's inputs."""
 
