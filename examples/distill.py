@@ -4,12 +4,12 @@ from both the labels and a finished anytrain run, the teacher, through anytrain'
 Train a teacher, then a student that learns from it (the student must split the data as the teacher did:
 the same --dataset, --seed, --val-fraction and --test-fraction, so the teacher never saw its test rows):
 
-    anytrain train --model mlp --hidden-sizes 256 256 --epochs 8 --batch-size 64 --seed 1 --output-dir runs/teacher
+    anytrain train --model mlp --hidden-sizes 256 256 --epochs 10 --batch-size 64 --seed 1 --output-dir runs/teacher
     anytrain train --task examples/distill.py:Distill --teacher runs/teacher --model mlp --hidden-sizes 16 \\
-        --epochs 8 --batch-size 64 --seed 1 --output-dir runs/student
+        --dropout 0 --lr 0.01 --epochs 10 --batch-size 64 --seed 1 --output-dir runs/student
 
-The student run is a plain classifier afterwards: `anytrain predict runs/student --dataset FILE` and
-`anytrain.load_model("runs/student")` need neither this task's options nor the teacher.
+The student run is then a classifier of its own: `anytrain predict runs/student --dataset FILE` and
+`anytrain.load_model("runs/student")` need no teacher, only this file where the run found it.
 
 Offline distillation: load_data runs the teacher once over every row of every split and stores its logits
 beside the class id, so each target row is [class id, teacher logit 0, ..., teacher logit C-1]. The loop,
@@ -30,15 +30,14 @@ import torch
 import yaml
 from torch.nn import functional as F
 
-from anytrain import HIGHER, LOWER, DataShape, Task, load_model, option
-from anytrain.config import ConfigError
+from anytrain import HIGHER, LOWER, ConfigError, DataShape, Task, load_model, option
 from anytrain.data.splits import TensorPairs
 from anytrain.data.tables import load_labelled, predict_rows
 from anytrain.usermodel import make_model
 
 # The options that decide which rows land in which split: the teacher's must equal the student's.
-SAME_SPLIT = (("data", "dataset"), ("data", "input_columns"), ("data", "label_column"), ("data", "val_fraction"))
-SAME_SPLIT += (("data", "test_fraction"), ("run", "seed"))
+SAME_SPLIT = [("data", f) for f in ("dataset", "input_columns", "label_column", "val_fraction", "test_fraction")]
+SAME_SPLIT += [("run", "seed")]
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,8 @@ class Distill(Task):
             raise ConfigError(f"--teacher: {folder} is not a finished anytrain run folder (no model.safetensors)")
         teacher = yaml.safe_load(saved.read_text())
         for section, field in SAME_SPLIT:
-            theirs, ours = teacher[section][field], getattr(cfg.section(section), field)
+            ours = getattr(cfg.section(section), field)
+            theirs = teacher.get(section, {}).get(field, ours)  # a field it did not save: not known to differ
             if theirs != ours:
                 flag = "--" + field.replace("_", "-")
                 raise ConfigError(
@@ -109,17 +109,14 @@ class Distill(Task):
 
     # --------------------------------------------------------------------------- loss and metrics
     def loss(self, outputs, targets):
-        hard, soft = self.parts(outputs, targets)
-        alpha = self.cfg.section(self.name).alpha
-        return alpha * hard.mean() + (1 - alpha) * soft.mean()
-
-    def parts(self, outputs, targets):
-        """Per row: the cross-entropy with the label, and T^2 * KL(teacher / T || student / T)."""
+        """alpha * CE(student, label) + (1 - alpha) * T^2 * KL(softmax(teacher / T) || softmax(student / T)),
+        each a mean over the batch; T^2 keeps the soft part's gradients as large as T grows (Hinton et al.)."""
         labels, teacher = targets[:, 0].long(), targets[:, 1:]
-        temperature = self.cfg.section(self.name).temperature
-        student = F.log_softmax(outputs.float() / temperature, -1)
-        kl = F.kl_div(student, F.log_softmax(teacher / temperature, -1), log_target=True, reduction="none").sum(-1)
-        return F.cross_entropy(outputs.float(), labels, reduction="none"), temperature**2 * kl
+        own = self.cfg.section(self.name)
+        hard = F.cross_entropy(outputs.float(), labels)  # --task classify's loss, to the bit (so alpha 1 is it)
+        student = F.log_softmax(outputs.float() / own.temperature, -1)
+        soft = F.kl_div(student, F.log_softmax(teacher / own.temperature, -1), log_target=True, reduction="batchmean")
+        return own.alpha * hard + (1 - own.alpha) * own.temperature**2 * soft
 
     def per_sample(self, outputs, targets):
         # "loss" is the hard-label cross-entropy alone: comparable with a plain classifier's val_loss and

@@ -102,7 +102,7 @@ def files(tmp_path_factory) -> dict:
 def args(files: dict, batch: int) -> list[str]:
     return [
         "--task", f"{files['task']}:Smoothed", "--smoothing", "0.2", "--dataset", str(files["table"]),
-        "--val-fraction", "0.1", "--test-fraction", "0.1", "--model", "mlp", "--hidden-sizes", "32",
+        "--val-fraction", "0.1", "--test-fraction", "0.1", "--model", "mlp", "--hidden-sizes", "32", "--dropout", "0",
         "--optimizer", "sgd", "--lr", "0.1", "--epochs", "3", "--batch-size", str(batch),
         "--final-weights", "last", "--log-every-steps", "1", "--seed", "3", "--no-progress",
     ]  # fmt: skip
@@ -190,3 +190,13 @@ def test_a_task_class_from_python_trains_under_its_file_name(files, tmp_path):
     )  # fmt: skip
     assert summary["task"] == "smoothed"
     assert f"{files['task']}:Smoothed" in (tmp_path / "py" / "config.yaml").read_text()
+
+
+def test_an_own_tasks_options_are_part_of_its_runs_only(one_and_two_ranks):
+    """Registering a task's section (done above, in this process) leaves other runs' configs as they were: the
+    resume and run-folder checks of a plain run must not see a 'smoothing' it never had."""
+    from anytrain.config import OPTIONS, TrainConfig
+
+    assert "smoothing" in OPTIONS  # registered by the runs above
+    plain = TrainConfig(lr=0.01)
+    assert "smoothing" not in plain.flat() and "smoothed" not in plain.to_dict()

@@ -105,5 +105,8 @@ def test_a_language_model_run_points_to_sample(tmp_path, capsys):
     )
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
-        main(["predict", str(tmp_path / "lm"), "--dataset", str(DIGITS_PATH)])
-    assert exc.value.code == 2 and "is a language-model run; use `anytrain sample" in capsys.readouterr().err
+        main(["predict", str(tmp_path / "lm"), "--dataset", str(tmp_path / "not_there.csv")])
+    err = capsys.readouterr().err  # refused from the task's declaration, before the file is looked for
+    assert exc.value.code == 2 and err.strip() == (
+        "anytrain predict: error: run_dir: --task lm has no predictions for rows; use `anytrain sample RUN`"
+    )

@@ -93,8 +93,8 @@ def test_metrics_are_in_original_units_and_predict_prints_values(regression):
     from anytrain.config import TrainConfig
 
     data = load_data(TrainConfig(dataset=str(root / "houses.parquet"), label_column="price"))
-    stats = json.loads(data.metadata["targets"])  # the training split's, saved with the weights
-    truth = data.test.targets * torch.tensor(stats["std"]) + torch.tensor(stats["mean"])  # back to dollars
+    stats = data.target_stats  # the training split's, saved with the weights
+    truth = data.test.targets * torch.tensor(stats.std) + torch.tensor(stats.mean)  # back to dollars
     table = {f"x{i}": data.test.inputs[:, i].numpy() for i in range(4)}
     pq.write_table(pa.table({**table, "price": truth[:, 0].numpy()}), root / "test.parquet")
     rows = predict(str(root / "run"), str(root / "test.parquet"))

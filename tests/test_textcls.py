@@ -245,7 +245,7 @@ def test_vocab_is_the_tokenizers_earlier_name(tmp_path):
 def test_resuming_with_a_max_length_beyond_the_positional_table_is_refused():
     saved = TrainConfig(**TINY, dataset="x.jsonl", max_length=64).to_dict()
     with pytest.raises(ConfigError) as err:
-        check_compatible(saved, TrainConfig(**TINY, dataset="x.jsonl", max_length=128), Path("ckpt"))
+        check_compatible(saved, TrainConfig(**TINY, dataset="x.jsonl", max_length=128), Path("ckpt"), "max_length")
     assert str(err.value) == (
         "--max-length 128 is beyond the positional table of the model in ckpt (64 positions); resume with "
         "--max-length 64"

@@ -5,7 +5,7 @@ import time
 
 IMPORTED_AT = time.perf_counter()  # src/train.py's first import: summary.json's start_to_first_step_s counts from here
 
-__all__ = ["HIGHER", "LOWER", "DataShape", "Task", "TrainConfig", "load_model", "option", "train"]
+__all__ = ["HIGHER", "LOWER", "ConfigError", "DataShape", "Task", "TrainConfig", "load_model", "option", "train"]
 __version__ = "0.1.0"
 _HOMES = {
     "train": ".api",
@@ -16,6 +16,7 @@ _HOMES = {
     "HIGHER": ".best",
     "LOWER": ".best",
     "option": ".config",  # a task's own options, as fields of a frozen dataclass
+    "ConfigError": ".config",  # bad input: one line, naming the option or file (a ValueError)
 }
 
 

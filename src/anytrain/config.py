@@ -519,8 +519,11 @@ class TrainConfig:
         return getattr(getattr(self, o.section), o.field)
 
     def flat(self) -> dict:
-        """{option name: value}, in section order: what flags and the resume check compare."""
-        return {name: self.get(name) for name in OPTIONS}
+        """{option name: value}, in section order: what flags and the resume check compare. The five sections,
+        and the options of this run's own task only: another task registered in the same process is not part
+        of this config."""
+        own = TASK_SECTIONS.get(self.data.task)
+        return {name: self.get(name) for name, o in OPTIONS.items() if o.section in BASE_SECTIONS or o.section == own}
 
     def section(self, name: str):
         """A section by name: a task's own options, `cfg.section("distill").temperature`."""
