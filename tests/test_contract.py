@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from anytrain.config import ConfigError, TrainConfig
+from anytrain.config import SECTIONS, ConfigError, TrainConfig
 from anytrain.tasks import REGISTRY, classes, make_task
 from anytrain.tasks.classify import Classification
 from anytrain.tasks.contract import CAPABILITIES, Task, check
@@ -198,9 +198,27 @@ def test_the_guide_names_every_option_in_its_section():
     import dataclasses
 
     guide, cfg = (SRC.parents[1] / "docs" / "guide.md").read_text(), TrainConfig()
-    for section in ("data", "model", "optim", "eval", "run"):
+    for section in SECTIONS:  # the five, and the registry's task sections (tasks/__init__.py)
         row = re.search(rf"^\| `{section}` \| (.*) \|$", guide, re.M)
         assert row, f"no row for the {section} section"
         listed = {re.sub(r" \(.*\)$", "", name.strip()) for name in row.group(1).split(",")}
         fields = {f.name for f in dataclasses.fields(getattr(cfg, section))}
         assert listed == fields, (section, listed ^ fields)
+
+
+def test_a_registry_tasks_own_options_are_its_section_without_config_py(tmp_path):
+    """multilabel declares --threshold beside itself (tasks/multilabel/options.py): it is a flag in --help, a YAML
+    section, part of config.yaml and of the resume check, and config.py does not name it."""
+    from anytrain.checkpoint import check_compatible
+    from anytrain.config import build_parser, parse_config, saved_options
+
+    assert "threshold" not in (SRC / "config.py").read_text()
+    assert "--threshold" in build_parser().format_help().split("multilabel options:")[1]
+    (tmp_path / "c.yaml").write_text("multilabel:\n  threshold: 0.3\n")
+    assert parse_config(["--config", str(tmp_path / "c.yaml")]).section("multilabel").threshold == 0.3
+    assert TrainConfig(task="multilabel", threshold=0.3).to_dict()["multilabel"] == {"threshold": 0.3}
+    assert "multilabel" not in TrainConfig(task="classify").to_dict()  # config.yaml holds the run's task's only
+    saved = TrainConfig(task="multilabel").to_dict()
+    with pytest.raises(ConfigError, match=r"different config \(threshold: 0.5 -> 0.3\)"):
+        check_compatible(saved, TrainConfig(task="multilabel", threshold=0.3), Path("ckpt"))
+    assert saved_options({"eval": {"threshold": 0.3}})["threshold"] == 0.3  # a run saved before it moved

@@ -93,6 +93,7 @@ AMBIGUOUS = {  # module names that comments also use for other things: config se
     "data",  # cfg.data.label_column
     "optim",  # cfg.optim.lr
     "shape",  # shape.pad_id, a DataShape's
+    "task",  # a task object's attributes (task.name), and tasks/multilabel/task.py
     "tokenizer",  # a tokenizer's own attributes
     "transformers",  # the library, and tasks/transformers.py
 }

@@ -20,6 +20,9 @@ _HOMES = {
 }
 
 
+importlib.import_module(".tasks", __name__)  # the registry (no torch): its tasks' option sections exist in every config
+
+
 def __getattr__(name: str):
     """`anytrain.train` and friends, imported on first use: the command line's `--help` and its
     one-line errors answer without importing torch (2 s here), which only a run needs."""

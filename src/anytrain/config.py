@@ -312,9 +312,6 @@ class EvalConfig:
         bounds=NON_NEGATIVE,
         resumable=True,
     )
-    threshold: float = option(
-        0.5, "multilabel: a class is predicted when its probability is above this (saved with the weights)", bounds=UNIT
-    )
     early_stopping_min_delta: float = option(
         0.0, "improvement of the --best-metric smaller than this does not count", bounds=NON_NEGATIVE, resumable=True
     )
@@ -403,6 +400,7 @@ class RunConfig:
 BASE_SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "eval": EvalConfig, "run": RunConfig}
 SECTIONS: dict[str, type] = dict(BASE_SECTIONS)  # + the sections of tasks that declare options (add_section)
 TASK_SECTIONS: dict[str, str] = {}  # a --task value (a name, or FILE.py:Class) -> its own section
+SHARED_SECTIONS: set[str] = set()  # the registry's task sections: in every config (own tasks' only in their runs)
 TASK_RESOLVERS: list[typing.Callable[[str], None]] = []  # register the section of a --task value (tasks/ adds one)
 HELP: dict[str, typing.Callable[[], str]] = {}  # option name -> more help, built where the facts live (the registry)
 
@@ -444,10 +442,13 @@ OPTIONS = _options()  # by option name, in section order
 ALIASES = {alias: o.name for o in OPTIONS.values() for alias in o.aliases}  # an earlier name -> the option's name
 
 
-def add_section(task: str, name: str, cls: type) -> None:
+def add_section(task: str, name: str, cls: type, shared: bool = False) -> None:
     """A task's own options (a frozen dataclass of option() fields) as section `name`: its flags, YAML section,
-    checks and resume check come with it. `task` is the --task value that trains with it."""
+    checks and resume check come with it. `task` is the --task value that trains with it; `shared`: a registry
+    task's, part of every config (else part of its own runs' only)."""
     TASK_SECTIONS[task] = name
+    if shared:
+        SHARED_SECTIONS.add(name)
     if SECTIONS.get(name) is cls:
         return
     if name in BASE_SECTIONS or name in OPTIONS:
@@ -520,10 +521,11 @@ class TrainConfig:
 
     def flat(self) -> dict:
         """{option name: value}, in section order: what flags and the resume check compare. The five sections,
-        and the options of this run's own task only: another task registered in the same process is not part
-        of this config."""
+        the registry's task sections, and your own task's section in its own runs only: another own task
+        registered in the same process is not part of this config."""
         own = TASK_SECTIONS.get(self.data.task)
-        return {name: self.get(name) for name, o in OPTIONS.items() if o.section in BASE_SECTIONS or o.section == own}
+        kept = {*BASE_SECTIONS, *SHARED_SECTIONS, own}
+        return {name: self.get(name) for name, o in OPTIONS.items() if o.section in kept}
 
     def section(self, name: str):
         """A section by name: a task's own options, `cfg.section("distill").temperature`."""
@@ -539,7 +541,7 @@ class TrainConfig:
         return TrainConfig(_given=self.given | {ALIASES.get(k, k) for k in options}, **{**self.flat(), **options})
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, TrainConfig) and self.to_dict() == other.to_dict()
+        return isinstance(other, TrainConfig) and self.flat() == other.flat()
 
     def __repr__(self) -> str:
         return f"TrainConfig({', '.join(f'{k}={v!r}' for k, v in self.flat().items())})"
@@ -704,6 +706,7 @@ def saved_options(saved: dict) -> dict:
         if key in SECTIONS and isinstance(value, dict):
             fields = section_fields(key)
             known.update({fields[k]: v for k, v in value.items() if k in fields})
+            known.update({k: v for k, v in value.items() if k not in fields and k in OPTIONS})  # moved since
         elif key in OPTIONS:
             known[key] = value
     return known

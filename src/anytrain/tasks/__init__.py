@@ -3,7 +3,7 @@ per task.
 
     classify     classify.py     class ids; cross-entropy; accuracy (tables, images, streams, text)
     regress      regress.py      numeric targets, standardised; MSE or huber; RMSE, MAE, R²
-    multilabel   multilabel.py   multi-hot targets; BCE; micro/macro F1, exact match
+    multilabel   multilabel/     multi-hot targets; BCE; micro/macro F1, exact match
     lm           lm.py           token windows; next-token cross-entropy; perplexity
     hf:classify  hf_text.py      a transformers sequence classifier on text
     hf:lm        hf_lm.py        a transformers causal LM, token-weighted loss
@@ -47,7 +47,7 @@ REGISTRY: dict[str, Line] = {
     "lm": Line("lm", "lm:LanguageModel"),
     "hf:lm": Line("lm", "hf_lm:HFCausalLM"),
     "hf:sft": Line("sft", "hf_sft:SupervisedFineTuning"),
-    "multilabel": Line("multilabel", "multilabel:MultiLabel"),
+    "multilabel": Line("multilabel", "multilabel.task:MultiLabel", "multilabel.options:MultiLabelOptions"),
     "regress": Line("regress", "regress:Regression"),
     "classify": Line("classify", "classify:Classification"),
     "hf:classify-images": Line("classify", "hf_image:HFImageClassification"),
@@ -141,9 +141,14 @@ def _resolve(value: str) -> None:
         except ConfigError:
             pass
         return
+
+
+def _registry_sections() -> None:
+    """The options of the registry's tasks that declare some (a torch-free module beside the task): sections of
+    every config, so that a run whose task --task auto picks takes its flags too; config.yaml holds the run's."""
     for line in REGISTRY.values():
-        if line.name == value and line.options:
-            add_section(value, value, _attr(line.options))
+        if line.options:
+            add_section(line.name, line.name, _attr(line.options), shared=True)
 
 
 def _task_help() -> str:
@@ -155,5 +160,6 @@ def _task_help() -> str:
     )
 
 
+_registry_sections()
 TASK_RESOLVERS.append(_resolve)
 HELP["task"] = _task_help

@@ -2,7 +2,7 @@
 Tables of numbers, images and streams come through data/tables.py; text to classify (--text-column
 with --label-column) through data/textcls.py (token ids padded to each batch's longest text).
 
-`Labelled` holds what the tasks on labelled data share (regress.py and multilabel.py build on it):
+`Labelled` holds what the tasks on labelled data share (regress.py and multilabel/ build on it):
 the model from the model section and the data's shape, rebuilt for inference from the shape saved
 with the weights, and predict's reading of new rows (numbers, images or texts, as the run trained on).
 """

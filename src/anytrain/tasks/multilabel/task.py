@@ -9,12 +9,12 @@ import json
 import torch
 from torch.nn import functional as F
 
-from ..best import HIGHER, LOWER
-from ..config import ConfigError, TrainConfig
-from ..data.targets import LISTS
-from ..shape import DataShape
-from ..usermodel import logits_of
-from .classify import Labelled, tables_only
+from ...best import HIGHER, LOWER
+from ...config import ConfigError, TrainConfig
+from ...data.targets import LISTS
+from ...shape import DataShape
+from ...usermodel import logits_of
+from ..classify import Labelled, tables_only
 
 
 class MultiLabel(Labelled):
@@ -34,7 +34,7 @@ class MultiLabel(Labelled):
         tables_only(cfg, cls.name)
 
     def threshold(self) -> float:
-        return self.cfg.eval.threshold
+        return self.cfg.section("multilabel").threshold
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(outputs.float(), targets)
