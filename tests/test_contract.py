@@ -222,3 +222,17 @@ def test_a_registry_tasks_own_options_are_its_section_without_config_py(tmp_path
     with pytest.raises(ConfigError, match=r"different config \(threshold: 0.5 -> 0.3\)"):
         check_compatible(saved, TrainConfig(task="multilabel", threshold=0.3), Path("ckpt"))
     assert saved_options({"eval": {"threshold": 0.3}})["threshold"] == 0.3  # a run saved before it moved
+
+
+def test_no_task_re_points_a_parents_method():
+    """A task builds on others through super() and small functions, never by assigning another class's method
+    (`rates = BaseTask.rates` picked which parent of a diamond won)."""
+    for key, cls in classes().items():
+        for klass in cls.__mro__:
+            if not klass.__module__.startswith("anytrain.tasks"):
+                continue
+            for name, value in vars(klass).items():
+                function = getattr(value, "__func__", value)
+                owner = getattr(function, "__qualname__", "").split(".")[0]
+                if inspect.isfunction(function) and owner != klass.__name__ and "<locals>" not in owner:
+                    raise AssertionError(f"{key}: {klass.__name__}.{name} is {function.__qualname__}")
