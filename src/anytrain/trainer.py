@@ -388,6 +388,7 @@ class Loop:
                 model_of(accelerator, parts.model), parts.resume_from, parts.progress.best_step, parts.progress.step
             )
         self.skipped_steps = 0  # fp16 overflows: optimizer steps without an update
+        self.scale = accelerator.scaler.get_scale() if accelerator.scaler is not None else None  # fp16's loss scale
 
     def run(self) -> int | None:
         """Train until the epochs or --max-steps run out or early stopping says stop; returns the
@@ -453,13 +454,23 @@ class Loop:
 
     def step_done(self) -> None:
         """An optimizer step is complete: advance the schedule (unless fp16 skipped the update), the count, the bar."""
-        if self.parts.accelerator.optimizer_step_was_skipped:
+        if self.step_was_skipped():
             self.skipped_steps += 1
         else:
             self.parts.scheduler.step()
         self.parts.progress.step += 1
         self.bar.update(1)
         self.speed.step_done()
+
+    def step_was_skipped(self) -> bool:
+        """fp16: whether GradScaler skipped this step's update (inf or NaN gradients). accelerate's own flag misses
+        the skips of a fused optimizer (AdamW on CUDA), which skips inside its step; the loss scale backs off
+        exactly when a step is skipped (it only grows otherwise). One host sync per step, under fp16 only."""
+        scaler = self.parts.accelerator.scaler
+        if scaler is None:
+            return False
+        scale, self.scale = self.scale, scaler.get_scale()
+        return self.scale < scale
 
     def log_train(self) -> bool:
         """Log the mean training loss since the last log line; returns whether any rank got SIGTERM/SIGINT."""
