@@ -262,6 +262,16 @@ def take_lock(accelerator: Accelerator, lock: RunLock) -> None:
         accelerator.print(f"anytrain: WARNING: {outcome[1]}")
 
 
+def say_task(accelerator: Accelerator, settled: Settled, task: Task, data: Splits) -> None:
+    """The start-up lines of the task: which and why, what picks the best weights, and the notes."""
+    accelerator.print(f"anytrain: task {task.name} ({settled.reason})")
+    best_by = best_criterion(task)
+    why = f"the headline metric of {task.name}" if best_by.metric == task.headline else "--best-metric"
+    accelerator.print(f"anytrain: the best weights and early stopping follow the {best_by} ({why})")
+    for note in (*settled.notes, *data.notes):  # defaults fitted to the model, skipped files, a quantity-like label
+        accelerator.print(f"anytrain: {note}")
+
+
 def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Given) -> Parts:
     run_dir = Path(cfg.run.output_dir)
     # Every check that can refuse the run happens before anything is written.
@@ -271,12 +281,7 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     set_seed(cfg.run.seed)  # same initial weights on every rank (and DDP broadcasts rank 0's anyway)
     settled, task, data = load_data(accelerator, cfg, given.dataset)
     cfg = settled.cfg  # a new config: the task settled, as config.yaml and the checkpoints hold it
-    accelerator.print(f"anytrain: task {task.name} ({settled.reason})")
-    best_by = best_criterion(task)
-    why = f"the headline metric of {task.name}" if best_by.metric == task.headline else "--best-metric"
-    accelerator.print(f"anytrain: the best weights and early stopping follow the {best_by} ({why})")
-    for note in (*settled.notes, *data.notes):  # defaults fitted to the model, skipped files, a quantity-like label
-        accelerator.print(f"anytrain: {note}")
+    say_task(accelerator, settled, task, data)
     check_run_folder(cfg)
     model = task.build_model(given.model)
     forward = forward_for(model, task.targets_to_model)  # model(inputs), + the targets if it computes its own loss
