@@ -29,7 +29,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from .best import changing_tensors
-from .config import OPTIONS, ConfigError, TrainConfig, saved_options
+from .config import OPTIONS, ConfigError, TrainConfig, saved_options, saved_or_default
 from .files import write_atomically
 
 CHECKPOINTS = "checkpoints"
@@ -218,9 +218,10 @@ def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path, positions:
     data or the optimisation so far) may differ between a checkpoint and the run resuming it. An option
     the checkpoint does not name (made before it existed) had its default. `positions`: the option that
     sizes the model's positions (the task's), which may shrink but not grow."""
-    saved, current = saved_options(saved), cfg.flat()
-    saved.setdefault("best_metric", "loss")  # made before --best-metric, when the best validation's was the lowest loss
-    saved = {**{k: OPTIONS[k].default for k in current}, **saved}
+    named = saved_options(saved)
+    saved, current = saved_or_default(saved), cfg.flat()
+    if "best_metric" not in named:  # made before --best-metric, when the best validation's was the lowest loss
+        saved["best_metric"] = "loss"
     if positions and current[positions] > saved.get(positions, current[positions]):
         flag = OPTIONS[positions].flag
         raise ConfigError(

@@ -712,6 +712,12 @@ def saved_options(saved: dict) -> dict:
     return known
 
 
+def saved_or_default(saved: dict) -> dict:
+    """saved_options, with each option the saved config does not name at its default: the run was made before the
+    option existed, or the option is in another task's section, which config.yaml leaves out."""
+    return {**{name: o.default for name, o in OPTIONS.items()}, **saved_options(saved)}
+
+
 def section_fields(section: str) -> dict:
     """{field name or an alias of it: option name} of one section."""
     fields = {o.field: o.name for o in OPTIONS.values() if o.section == section}
