@@ -29,7 +29,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from .best import changing_tensors
-from .config import OPTIONS, ConfigError, TrainConfig, saved_options, saved_or_default
+from .config import OPTIONS, ConfigError, TrainConfig, saved_options, with_defaults
 from .files import write_atomically
 
 CHECKPOINTS = "checkpoints"
@@ -219,7 +219,7 @@ def check_compatible(saved: dict, cfg: TrainConfig, checkpoint: Path, positions:
     the checkpoint does not name (made before it existed) had its default. `positions`: the option that
     sizes the model's positions (the task's), which may shrink but not grow."""
     named = saved_options(saved)
-    saved, current = saved_or_default(saved), cfg.flat()
+    saved, current = with_defaults(named), cfg.flat()
     if "best_metric" not in named:  # made before --best-metric, when the best validation's was the lowest loss
         saved["best_metric"] = "loss"
     if positions and current[positions] > saved.get(positions, current[positions]):

@@ -712,10 +712,10 @@ def saved_options(saved: dict) -> dict:
     return known
 
 
-def saved_or_default(saved: dict) -> dict:
-    """saved_options, with each option the saved config does not name at its default: the run was made before the
-    option existed, or the option is in another task's section, which config.yaml leaves out."""
-    return {**{name: o.default for name, o in OPTIONS.items()}, **saved_options(saved)}
+def with_defaults(options: dict) -> dict:
+    """saved_options' answer with each option it does not name at its default: the run was made before the option
+    existed, or the option is in another task's section, which config.yaml leaves out."""
+    return {**{name: o.default for name, o in OPTIONS.items()}, **options}
 
 
 def section_fields(section: str) -> dict:

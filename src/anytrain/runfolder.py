@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from .checkpoint import CHECKPOINTS, read_pointer
-from .config import ConfigError, TrainConfig, save_config, saved_or_default
+from .config import ConfigError, TrainConfig, save_config, saved_options, with_defaults
 from .files import write_atomically
 
 
@@ -29,10 +29,8 @@ def check_run_folder(cfg: TrainConfig) -> None:
         saved = yaml.safe_load(saved_config.read_text()) or {}
     except yaml.YAMLError:
         saved = {}
-    saved, current = (
-        saved_or_default(saved),
-        cfg.flat(),
-    )  # both settled (tasks/settle.py): the tasks compare as they are
+    saved = with_defaults(saved_options(saved))  # both settled (tasks/settle.py): the tasks compare as they are
+    current = cfg.flat()
     differing = sorted(k for k in current if k not in ("resume", "overwrite") and saved.get(k) != current[k])
     if differing:
         raise ConfigError(

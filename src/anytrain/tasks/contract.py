@@ -53,6 +53,7 @@ WHAT = {
     "lora": "does not train LoRA adapters",
     "streaming": "does not read streams",
 }
+ASKED_BY = {"packing": "packing", "lora": "lora_r", "streaming": "streaming"}  # capability -> the option asking for it
 
 
 class Task(abc.ABC):

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ConfigError, TrainConfig
+from ..config import OPTIONS, ConfigError, TrainConfig
 from ..data.bundled import LABELLED_TEXT
 from ..data.describe import Source
 from ..data.splits import Splits
 from . import HF, classes, is_own, line_class, make_task, names, own_task
 from .classify import Labelled
-from .contract import CAPABILITIES, Task, offered, refusal
+from .contract import ASKED_BY, CAPABILITIES, Task, offered, refusal
 
 
 @dataclass(frozen=True)
@@ -124,18 +124,12 @@ def named_label(cfg: TrainConfig, source: Source) -> tuple[TrainConfig, tuple[st
     return cfg.replace(label_column=found[0]), (note,)
 
 
-OPTION_OF = {
-    "packing": ("packing", "--packing"),
-    "lora": ("lora_r", "--lora-r"),
-    "streaming": ("streaming", "--streaming"),
-}
-
-
 def check_offered(cfg: TrainConfig, task: type[Task]) -> None:
     """An option that needs a capability the task does not declare: one line, naming the tasks that do."""
-    for capability, (option, flag) in OPTION_OF.items():
+    for capability, option in ASKED_BY.items():
         if cfg.get(option) and not offered(task, capability):
             those = [cls.name for cls in classes().values() if offered(cls, capability)]
+            flag = OPTIONS[option].flag
             raise ConfigError(refusal(task, capability, flag) + f" (tasks that do: {', '.join(dict.fromkeys(those))})")
     if cfg.optim.loss in ("mse", "huber") and cfg.optim.loss not in task.losses:
         said = (

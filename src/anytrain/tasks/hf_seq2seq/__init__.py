@@ -22,8 +22,6 @@ from ...hf import Head
 from ...shape import IGNORE, DataShape
 from ..transformers import TokenWeighted
 
-BLEU_STATS = 10  # sacrebleu's per-sentence statistics: lengths (hypothesis, reference), matches 1-4, totals 1-4
-
 
 def bleu_scorer():
     try:
