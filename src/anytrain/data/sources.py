@@ -136,6 +136,10 @@ def open_dataset(name: str, streaming: bool = False, folder=None):
         from .instructions import ROWS, load_instructions
 
         return load_instructions(), f"{name} (bundled: {ROWS} generated chats with checkable answers)"
+    if name == "preferences":
+        from .preferences import ROWS, load_preferences
+
+        return load_preferences(), f"{name} (bundled: {ROWS} generated preference pairs, the chosen answers checkable)"
     path = Path(name).expanduser()
     try:
         if path.is_dir():

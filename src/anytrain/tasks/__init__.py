@@ -11,6 +11,8 @@ per task.
     hf:mlm       hf_mlm/         a transformers masked LM on your text (domain adaptation); perplexity
     hf:seq2seq   hf_seq2seq/     a transformers encoder-decoder on source and target texts; exact match, BLEU
     hf:sft       hf_sft/         a transformers causal LM on chats (loss on the answers); exact match by generation
+    hf:dpo       dpo/            a transformers causal LM on preference pairs: DPO, IPO, SimPO, ORPO; reward accuracy
+    hf:reward    reward/         a transformers sequence classifier, one output, on preference pairs; pairwise accuracy
     hf:classify-images  hf_image/    a transformers vision model with its image processor (--task classify on images)
 
 A task subclasses contract.Task (the enforced contract: each class is checked here, once). The registry is
@@ -47,6 +49,8 @@ REGISTRY: dict[str, Line] = {
     "lm": Line("lm", "lm:LanguageModel"),
     "hf:lm": Line("lm", "hf_lm:HFCausalLM"),
     "hf:sft": Line("sft", "hf_sft:SupervisedFineTuning"),
+    "hf:dpo": Line("dpo", "dpo.task:DirectPreference", "dpo.options:DPOOptions"),
+    "hf:reward": Line("reward", "reward.task:RewardModel"),
     "multilabel": Line("multilabel", "multilabel.task:MultiLabel", "multilabel.options:MultiLabelOptions"),
     "regress": Line("regress", "regress:Regression"),
     "classify": Line("classify", "classify:Classification"),

@@ -1,0 +1,235 @@
+"""Preference pairs for a transformers causal LM (`--task dpo`, `--task reward`), in TRL's preference formats:
+
+    prompt, chosen, rejected   text, or lists of {"role", "content"} messages (the prompt rendered by the chat
+                               template with its generation prompt, each answer as the turns that follow it)
+    chosen, rejected           implicit prompt: whole chats that share every turn but the last assistant answer
+                               (or texts: the prompt is their common beginning, up to its last space)
+
+A pair becomes two token sequences, the prompt followed by each answer (text ends with the end-of-text token; a
+chat is rendered by the template). An answer's tokens are those whose first character lies after the prompt, so
+its end-of-turn token counts too. Bad rows are refused in one line naming the row: an empty answer, the same
+answer twice, implicit chats with different prompts, a prompt that leaves no room for an answer at --max-length.
+An answer longer than the room left is cut at --max-length (said at start, with how many).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from ...config import ConfigError, TrainConfig
+from ...data.sources import carve_rows, opened
+from ...data.splits import Rows
+from ...shape import IGNORE
+from ..hf_sft.chats import check_messages, render, tokenise
+
+PROMPT, CHOSEN, REJECTED = "prompt", "chosen", "rejected"
+
+
+def pair_format(columns: list[str]) -> str | None:
+    """'explicit' (prompt, chosen, rejected columns), 'implicit' (chosen and rejected), else None."""
+    if CHOSEN not in columns or REJECTED not in columns:
+        return None
+    return "explicit" if PROMPT in columns else "implicit"
+
+
+def answer_text(value, name: str, where: str):
+    """A chosen or rejected answer as given, refused when missing or empty."""
+    empty = value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value)
+    if isinstance(value, list) and value and all(isinstance(t, dict) for t in value):
+        empty = not any(str(t.get("content") or "").strip() for t in value if t.get("role") == "assistant")
+    if empty:
+        raise ConfigError(f"{where}: the {name} answer is missing or empty")
+    return value
+
+
+def implicit_prompt(chosen, rejected, where: str):
+    """(prompt, chosen answer, rejected answer) of chats or texts that share their prompt."""
+    if isinstance(chosen, str) and isinstance(rejected, str):
+        shared = os.path.commonprefix([chosen, rejected])
+        cut = max(shared.rfind(" "), shared.rfind("\n")) + 1
+        if not cut:
+            raise ConfigError(f"{where}: chosen and rejected share no prompt (implicit prompt: no common beginning)")
+        return chosen[:cut], chosen[cut:], rejected[cut:]
+    if not (isinstance(chosen, list) and isinstance(rejected, list)):
+        raise ConfigError(f"{where}: chosen and rejected must both be text or both be lists of messages")
+    if chosen[:-1] != rejected[:-1] or not chosen[:-1]:
+        raise ConfigError(
+            f"{where}: implicit prompt: chosen and rejected must be the same chat up to their last assistant turn, "
+            "and they differ there"
+        )
+    return chosen[:-1], chosen[-1:], rejected[-1:]
+
+
+class PairRenderer:
+    """A split's rows -> for each pair, its two texts (prompt + answer) and where each answer starts."""
+
+    def __init__(self, form: str, tokenizer, source: str, split: str):
+        self.form, self.tokenizer, self.source, self.split = form, tokenizer, source, split
+
+    def __call__(self, row: dict, index: int) -> list[tuple[str, int]]:
+        where = f"--dataset: row {index} of the {self.split} split of {self.source}"
+        chosen = answer_text(row[CHOSEN], CHOSEN, where)
+        rejected = answer_text(row[REJECTED], REJECTED, where)
+        if chosen == rejected:
+            raise ConfigError(f"{where}: the chosen and rejected answers are the same")
+        if self.form == "implicit":
+            prompt, chosen, rejected = implicit_prompt(chosen, rejected, where)
+        else:
+            prompt = row[PROMPT]
+        if isinstance(prompt, str) and isinstance(chosen, str) and isinstance(rejected, str):
+            if not prompt.strip():
+                raise ConfigError(f"{where}: the prompt is empty")
+            end = self.tokenizer.eos_token or ""
+            return [(prompt + answer + end, len(prompt)) for answer in (chosen, rejected)]
+        if not all(isinstance(part, list) for part in (prompt, chosen, rejected)):
+            raise ConfigError(f"{where}: prompt, chosen and rejected must all be text or all be lists of messages")
+        return [self.chat(prompt, answer, where) for answer in (chosen, rejected)]
+
+    def chat(self, prompt: list, answer: list, where: str) -> tuple[str, int]:
+        check_messages(prompt + answer, f"{where}, prompt + answer")
+        before, through = render(self.tokenizer, prompt, True), render(self.tokenizer, prompt + answer)
+        if not through.startswith(before):
+            raise ConfigError(
+                f"{where}: the model's chat template does not render the answer as a continuation of the prompt's "
+                "generation prompt"
+            )
+        return through, len(before)
+
+
+class PairRows(Rows):
+    """Tokenised pairs, each two sequences (chosen, rejected) held as flat int32 arrays with offsets. A batch of
+    B pairs is 2B sequences, the B chosen first: padded one a row (input_ids, attention_mask), or with `packed`
+    all of them in one row with position ids restarting at each (no padding, no attention across them). Inputs
+    also hold `labels` (the answer's ids, -100 elsewhere) and `sequence_ids` (each token's sequence); the targets
+    are the pairs' cached reference log-probabilities (B, 2), NaN where there are none."""
+
+    def __init__(self, ids: list[list[int]], answers: list[list[bool]], pad_id: int, multiple, packed: bool = False):
+        self.pad_id, self.multiple, self.packed = pad_id, multiple, packed
+        self.lengths = np.array([len(seq) for seq in ids], dtype=np.int64)  # 2 per pair: chosen, rejected
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
+        self.ids = np.fromiter((t for seq in ids for t in seq), dtype=np.int32, count=int(self.starts[-1]))
+        self.answer = np.fromiter((a for seq in answers for a in seq), dtype=bool, count=int(self.starts[-1]))
+        self.reference: torch.Tensor | None = None  # (pairs, 2): set by the task when it caches them
+        self.answers_in_inputs = True  # labels and sequence_ids in the inputs (a reward model reads the texts only)
+
+    def __len__(self) -> int:
+        return len(self.lengths) // 2
+
+    @property
+    def targets_per_row(self) -> np.ndarray:
+        """One a row: the loss is a mean over pairs."""
+        return np.ones(len(self), dtype=np.int64)
+
+    def sequence(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start, n = self.starts[k], self.lengths[k]
+        ids = torch.from_numpy(self.ids[start : start + n].astype(np.int64))
+        return ids, ids.masked_fill(~torch.from_numpy(self.answer[start : start + n]), IGNORE)
+
+    def __getitems__(self, indices: list[int]):
+        order = [2 * i for i in indices] + [2 * i + 1 for i in indices]  # the chosen, then the rejected
+        seqs = [self.sequence(k) for k in order]
+        inputs = self.packed_batch(seqs) if self.packed else self.padded_batch(seqs)
+        if not self.answers_in_inputs:
+            inputs = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+        targets = torch.full((len(indices), 2), float("nan"))
+        if self.reference is not None:
+            targets = self.reference[torch.as_tensor(indices)]
+        return inputs, targets
+
+    def width(self, longest: int) -> int:
+        return -(-longest // self.multiple) * self.multiple if self.multiple else longest
+
+    def padded_batch(self, seqs: list) -> dict:
+        width = self.width(max(len(ids) for ids, _ in seqs))
+        input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask, labels = torch.zeros_like(input_ids), torch.full_like(input_ids, IGNORE)
+        for k, (ids, answer) in enumerate(seqs):
+            input_ids[k, : len(ids)], labels[k, : len(ids)], mask[k, : len(ids)] = ids, answer, 1
+        sequence_ids = torch.arange(len(seqs))[:, None].expand(-1, width).contiguous()
+        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels, "sequence_ids": sequence_ids}
+
+    def packed_batch(self, seqs: list) -> dict:
+        total = sum(len(ids) for ids, _ in seqs)
+        width = self.width(total)
+        tail = width - total  # padding: a sequence of its own, learned nowhere
+        input_ids = torch.cat([ids for ids, _ in seqs] + [torch.full((tail,), self.pad_id)])
+        labels = torch.cat([answer for _, answer in seqs] + [torch.full((tail,), IGNORE)])
+        positions = torch.cat([torch.arange(len(ids)) for ids, _ in seqs] + [torch.arange(tail)])
+        sequence_ids = torch.repeat_interleave(
+            torch.arange(len(seqs) + 1), torch.tensor([len(ids) for ids, _ in seqs] + [tail])
+        ).clamp(max=len(seqs) - 1)
+        batch = {"input_ids": input_ids, "position_ids": positions, "labels": labels, "sequence_ids": sequence_ids}
+        return {k: v[None] for k, v in batch.items()}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing is random in a pair's tokens."""
+
+
+def encode(ds, renderer: PairRenderer, max_length: int):
+    """The split as a datasets.Dataset of each pair's two sequences (token ids, answer flags), cut at --max-length,
+    and how many answers were cut. ConfigError naming the row (as read) when a prompt leaves no room for an answer."""
+    import datasets
+
+    if len(ds) == 0:
+        raise ConfigError(f"--dataset: the {renderer.split} split of {renderer.source} is empty")
+    ids, answers, cut = [], [], 0
+    for index, row in enumerate(ds):
+        for (text, start), name in zip(renderer(row, index), (CHOSEN, REJECTED)):
+            plain = not isinstance(
+                row[CHOSEN], list
+            )  # text gets the tokenizer's own special tokens; a chat, its template's
+            tokens, labels = tokenise(renderer.tokenizer, text, [(start, len(text))], plain)
+            answer = [label != IGNORE for label in labels]
+            prompt = answer.index(True) if True in answer else len(answer)
+            if prompt >= max_length:
+                raise ConfigError(
+                    f"--dataset: row {index} of the {renderer.split} split of {renderer.source}: its prompt is "
+                    f"{prompt} tokens, which leaves no room for the {name} answer at --max-length {max_length} (the "
+                    "answer would be cut entirely; raise --max-length or shorten the prompt)"
+                )
+            cut += len(tokens) > max_length
+            ids.append(tokens[:max_length])
+            answers.append(answer[:max_length])
+    return datasets.Dataset.from_dict(
+        {
+            "ids": [ids[k : k + 2] for k in range(0, len(ids), 2)],
+            "answers": [answers[k : k + 2] for k in range(0, len(ids), 2)],
+        }
+    ), cut
+
+
+def pair_rows(cfg: TrainConfig, tokenizer, given, multiple) -> tuple[dict, str, str, list[str]]:
+    """({split: PairRows}, the pair format, the source, notes): read, checked, carved, tokenised."""
+    splits, source = opened(cfg, given)
+    train = splits["train"]
+    form = pair_format(train.column_names)
+    if form is None:
+        raise ConfigError(
+            f"--task {cfg.data.task}: {source} has no chosen and rejected columns (columns: "
+            f"{', '.join(train.column_names)})"
+        )
+    if not tokenizer.is_fast:
+        raise ConfigError(f"--model {cfg.model.name}: --task {cfg.data.task} needs a fast tokenizer (tokenizer.json)")
+    first = train[0]
+    chat = isinstance(first[CHOSEN], list)
+    if chat and not tokenizer.chat_template:
+        raise ConfigError(
+            f"--model {cfg.model.name}: its tokenizer has no chat template, which chats (lists of messages) need"
+        )
+    encoded, cut = {}, 0
+    for name, ds in splits.items():
+        encoded[name], dropped = encode(ds, PairRenderer(form, tokenizer, source, name), cfg.data.max_length)
+        cut += dropped
+    rows, seen = {}, 0
+    for name, ds in carve_rows(encoded, cfg, source).items():
+        ids = [seq for pair in ds["ids"] for seq in pair]
+        answers = [seq for pair in ds["answers"] for seq in pair]
+        seen += len(ids)
+        rows[name] = PairRows(ids, answers, tokenizer.pad_token_id, multiple, cfg.data.packing and name == "train")
+    notes = []
+    if cut:
+        notes.append(f"--max-length {cfg.data.max_length} cuts {cut:,} of {seen:,} answers short (their ends)")
+    return rows, form + (" chats" if chat else " text"), source, notes

@@ -1,0 +1,86 @@
+"""The reference log-probabilities of full fine-tuning (`--reference cached`): every pair's, for every split,
+computed once before step 0 by the model as it starts (evaluation mode, no gradients, in the run's precision),
+each rank a share of the rows, then saved in the run folder (`reference_logps.safetensors`) under a key of the
+model's weights, the data's tokens and the precision. A resumed run whose key matches reads them back rather
+than computing them, so its reference is the very one the run started with, bit for bit."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...data.splits import Splits
+
+FILE = "reference_logps.safetensors"
+SPLITS = ("train", "validation", "test")
+
+
+def key(model: nn.Module, data: Splits, precision: str, max_length: int) -> str:
+    """A digest of the starting weights (every parameter's bytes), the splits' tokens and the precision."""
+    digest = hashlib.sha256(f"{precision} {max_length}".encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    for split in SPLITS:
+        rows = getattr(data, split)
+        if rows is not None:
+            for array in (rows.ids, rows.answer, rows.lengths):
+                digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def read(run_dir: Path, expected: str) -> dict[str, torch.Tensor] | None:
+    """The saved log-probabilities when their key matches, else None."""
+    from safetensors import safe_open
+
+    path = run_dir / FILE
+    if not path.exists():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        if (f.metadata() or {}).get("key") != expected:
+            return None
+        return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open has no iteration
+
+
+def write(run_dir: Path, logps: dict[str, torch.Tensor], digest: str) -> None:
+    from safetensors.torch import save_file
+
+    from ...files import atomic_path
+
+    with atomic_path(run_dir / FILE) as tmp:
+        save_file({k: v.contiguous() for k, v in logps.items()}, str(tmp), metadata={"key": digest})
+
+
+@torch.no_grad()
+def compute(model: nn.Module, rows, batch_size: int) -> torch.Tensor:
+    """(pairs, 2) float32: each pair's chosen and rejected log-probability under the model; each rank computes
+    every num_processes-th batch, and the ranks' shares are gathered."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import gather_object
+
+    state = PartialState()
+    precision = AcceleratorState().mixed_precision if AcceleratorState._shared_state else "no"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = dtype is not None and (state.device.type != "cpu" or dtype == torch.bfloat16)
+    was_training = model.training
+    model.eval()
+    starts = list(range(0, len(rows), batch_size))[state.process_index :: state.num_processes]
+    mine = []
+    for start in starts:
+        indices = list(range(start, min(start + batch_size, len(rows))))
+        inputs = rows.padded_batch([rows.sequence(k) for k in order(indices)])
+        with torch.autocast(state.device.type, dtype=dtype or torch.float32, enabled=autocast):
+            table = model(**{k: v.to(state.device) for k, v in inputs.items()})
+        mine.append((start, table[:, 0].view(2, -1).T.float().cpu()))
+    items = gather_object(mine) if state.num_processes > 1 else mine  # every rank's (start, values), in rank order
+    model.train(was_training)
+    found = dict(items)
+    return torch.cat([found[start] for start in sorted(found)]) if found else torch.zeros(0, 2)
+
+
+def order(indices: list[int]) -> list[int]:
+    return [2 * i for i in indices] + [2 * i + 1 for i in indices]

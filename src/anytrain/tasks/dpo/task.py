@@ -1,0 +1,260 @@
+"""dpo: preference tuning of a transformers causal LM on pairs (tasks/dpo/pairs.py). Each batch of B pairs is one
+forward pass over its 2B sequences (padded one a row, or with --packing one row of them all, kept apart by their
+position ids), which gives each sequence's log-probability of its answer (tasks/dpo/logprobs.py: no full logits).
+The loss (tasks/dpo/losses.py: --dpo-loss, --beta) is the mean over the pairs of the optimizer step, whatever the
+number of ranks and accumulation steps. The reference (--reference) is cached before step 0 (full fine-tuning),
+the model with its adapter off (--lora-r), or a frozen copy (live); simpo and orpo have none.
+
+Validation and test: the loss, reward accuracy (chosen reward above the rejected one), reward margin and both
+rewards, and each held-out prompt's chosen answer generated greedily (exact match), as sft does. The best weights
+are those of the best validation reward accuracy. The model exports to run_dir/hf; `anytrain sample` answers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ...best import HIGHER, LOWER
+from ...config import ConfigError, TrainConfig
+from ...data.splits import Splits, targets_of
+from ...shape import DataShape
+from ...usermodel import logits_of
+from ..hf_sft import SupervisedFineTuning, last_answer
+from ..transformers import step_shares
+from . import logprobs, reference
+from .losses import LOSSES, Pairs
+from .options import REFERENCE_FREE, DPOOptions
+
+STATS = ("reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward")
+
+
+class DirectPreference(SupervisedFineTuning):
+    name = "dpo"
+    goals = {
+        "loss": LOWER,
+        "reward_accuracy": HIGHER,
+        "reward_margin": HIGHER,
+        "chosen_reward": HIGHER,
+        "rejected_reward": LOWER,
+        "exact_match": HIGHER,
+    }
+    headline = "reward_accuracy"
+    offers = frozenset({"export", "sample", "packing", "lora"})
+    options = DPOOptions
+    targets_to_model = False  # the targets are the cached reference log-probabilities; labels go in the inputs
+    hints = {"predict": "it answers prompts with `anytrain sample RUN --prompt ...`"}
+    share: float | None = None  # the current training batch's share of its step's pairs
+
+    @classmethod
+    def detect(cls, source) -> str | None:
+        from .pairs import pair_format
+
+        if not source.readable:
+            return None
+        form = pair_format(source.train.column_names)
+        return None if form is None else f"auto: chosen and rejected columns ({form} prompt)"
+
+    @classmethod
+    def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
+        o = cfg.section(cls.name)
+        if o.dpo_loss in REFERENCE_FREE and o.reference != "auto":
+            raise ConfigError(
+                f"--reference {o.reference}: --dpo-loss {o.dpo_loss} has no reference model (leave --reference auto)"
+            )
+        if o.reference == "adapter" and not cfg.model.lora_r:
+            raise ConfigError("--reference adapter: the model with its adapter off needs LoRA (--lora-r)")
+
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        o = cfg.section(self.name)
+        self.o, self.formula = o, LOSSES[o.dpo_loss]
+        if o.dpo_loss in REFERENCE_FREE:
+            self.reference = "none"
+        elif o.reference == "auto":
+            self.reference = "adapter" if cfg.model.lora_r else "cached"
+        else:
+            self.reference = o.reference
+        self.cache: tuple[str, dict] | None = None  # (key, log-probabilities) to write when the run folder opens
+
+    def load_data(self, given=None) -> Splits:
+        from ... import hf
+        from ...data.hftext import pad_multiple
+        from .pairs import pair_rows
+
+        self.tokenizer = hf.load_tokenizer(self.cfg)
+        rows, form, source, notes = pair_rows(self.cfg, self.tokenizer, given, pad_multiple())
+        self.data = splits_of(rows, self.cfg, self.tokenizer, source, form)
+        self.data.notes.extend(notes)
+        self.stops = sorted({self.tokenizer.eos_token_id, *stop_tokens(self.tokenizer, rows["train"])} - {None})
+        self.data.metadata.update(stop_ids=json.dumps(self.stops), chat_template="yes" if "chats" in form else "no")
+        self.model_config = self.checked_config(self.tokenizer.pad_token_id)
+        return self.data
+
+    def build_model(self, given=None) -> nn.Module:
+        from ... import hf, lora
+
+        model = hf.load_model(self.cfg, self.head, self.model_config)
+        self.use_cache, model.config.use_cache = model.config.use_cache, False  # restored for the exported model
+        live = logprobs.frozen_copy(model) if self.reference == "live" else None
+        logprobs.install(model, live or (logprobs.adapter_off(model) if self.reference == "adapter" else None))
+        if self.cfg.data.packing:
+            self.keep_texts_apart(model)
+        if self.cfg.model.gradient_checkpointing:
+            hf.checkpoint_activations(model)
+        if self.cfg.model.lora_r:
+            from accelerate.state import PartialState
+
+            say = PartialState().print
+            model = lora.wrap(model, lora.settings(self.cfg), self.head.auto_class, lambda s: say(f"anytrain: {s}"))
+        if self.reference == "cached":
+            self.cache_reference(model)
+        return model
+
+    def cache_reference(self, model: nn.Module) -> None:
+        """Every split's reference log-probabilities: read back from the run folder when the key matches (a
+        resumed run), else computed now; given to the splits' rows, whose batches carry them as targets."""
+        from accelerate.state import AcceleratorState, PartialState
+
+        precision = AcceleratorState().mixed_precision if AcceleratorState._shared_state else "no"
+        digest = reference.key(model, self.data, precision, self.cfg.data.max_length)
+        run_dir = Path(self.cfg.run.output_dir)
+        found = reference.read(run_dir, digest) if self.cfg.run.resume else None
+        say = PartialState().print
+        if found is None:
+            say("anytrain: computing the reference log-probabilities once, before step 0 (--reference cached)")
+            device = next(model.parameters()).device
+            model.to(PartialState().device)
+            found = {
+                split: reference.compute(model, getattr(self.data, split), self.cfg.optim.batch_size)
+                for split in reference.SPLITS
+                if getattr(self.data, split) is not None
+            }
+            model.to(device)  # where the loop's start-up check expects it
+            self.cache = (digest, found)
+        else:
+            say(f"anytrain: the reference log-probabilities read from {run_dir / reference.FILE} (the same key)")
+        for split, logps in found.items():
+            getattr(self.data, split).reference = logps
+
+    def train_batches(self, batches, loader, epoch: int, skipped: int):
+        if self.cache is not None:  # the run folder exists now: save the reference for a resumed run
+            from accelerate.state import PartialState
+
+            if PartialState().is_main_process:
+                reference.write(Path(self.cfg.run.output_dir), self.cache[1], self.cache[0])
+            self.cache = None
+        per_row = targets_of(self.data.train)  # one a pair: the loss is a mean over pairs
+        shares = step_shares(loader, epoch, per_row, self.cfg.optim.grad_accum_steps)
+        for k, batch in enumerate(batches, start=skipped):
+            self.share = shares[k]  # the loss of this batch, computed before the next one is drawn
+            yield batch
+
+    # --------------------------------------------------------------------------- the loss
+    def pairs(self, outputs, targets: torch.Tensor) -> Pairs:
+        """The batch's per-pair log-probabilities from the model's table (one row a sequence: the chosen, then
+        the rejected) and the cached reference (targets)."""
+        table = outputs if outputs.dim() == 2 else example_table(outputs)
+        b = len(targets)
+        chosen, rejected = table[:b], table[b : 2 * b]
+        if self.reference == "cached":
+            ref_c, ref_r = targets[:, 0], targets[:, 1]
+        elif self.reference == "none":
+            ref_c = ref_r = torch.zeros_like(targets[:, 0])
+        else:
+            ref_c, ref_r = chosen[:, 2], rejected[:, 2]
+        return Pairs(chosen[:, 0], rejected[:, 0], ref_c, ref_r, chosen[:, 1], rejected[:, 1])
+
+    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+        losses, _, _ = self.formula(self.pairs(outputs, targets), self.o.beta, self.o.simpo_gamma)
+        return losses.sum() / (self.share or len(losses))
+
+    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        losses, chosen, rejected = self.formula(
+            self.pairs(logits_of(outputs), targets), self.o.beta, self.o.simpo_gamma
+        )
+        return {
+            "loss": losses.detach(),
+            "reward_accuracy": (chosen > rejected).double(),
+            "reward_margin": chosen - rejected,
+            "chosen_reward": chosen,
+            "rejected_reward": rejected,
+        }
+
+    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
+        """The pairs' statistics, then each pair's chosen answer generated from its prompt: exact match."""
+        stats = self.per_sample(forward(model, inputs, targets), targets)
+        b = len(targets)
+        ids, labels = inputs["input_ids"][:b].cpu(), inputs["labels"][:b].cpu()
+        pairs = [last_answer(*row) for row in zip(ids, labels, inputs["attention_mask"][:b].sum(1).tolist())]
+        replies = self.generate(model, [p for p, _ in pairs], max(len(a) for _, a in pairs), do_sample=False)
+        expected = [self.tokenizer.decode(answer, skip_special_tokens=True).strip() for _, answer in pairs]
+        exact = [reply.strip() == answer for reply, answer in zip(replies, expected)]
+        stats["exact_match"] = torch.tensor(exact, dtype=torch.float64, device=targets.device)
+        if not self.shown:
+            for (prompt, _), reply, answer in list(zip(pairs, replies, expected))[:3]:
+                asked = self.tokenizer.decode(prompt, skip_special_tokens=True).strip().replace("\n", " | ")
+                self.shown.append(f"  ...{asked[-60:]!r} -> {reply.strip()!r} (expected {answer!r})")
+        return stats
+
+    def metrics(self, sums: dict, count: int) -> dict:
+        from accelerate.state import PartialState
+        from tqdm.auto import tqdm
+
+        if self.shown and PartialState().is_main_process:
+            tqdm.write("\n".join(["generated answers:", *self.shown]))
+        self.shown = []
+        return {k: v.item() / count for k, v in sums.items()}
+
+    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
+        return torch.zeros(batch // 2, 2)  # the start-up check: a pair of sequences, the reference at 0
+
+    def describe_data(self, model: nn.Module) -> dict:
+        return {**super().describe_data(model), "reference": self.reference, "dpo_loss": self.o.dpo_loss}
+
+    def weights_metadata(self) -> dict:
+        return {**super().weights_metadata(), "dpo_loss": self.o.dpo_loss, "beta": str(self.o.beta)}
+
+
+def example_table(logits: torch.Tensor) -> torch.Tensor:
+    """The start-up check's table (the loop's example batch, ids without labels, gives the model's logits): each
+    row a sequence whose answer is every token the model predicts most likely."""
+    logps = logits[:, :-1].float().log_softmax(-1).max(-1).values
+    return torch.stack([logps.sum(1), torch.full_like(logps[:, 0], logps.shape[1]), torch.zeros_like(logps[:, 0])], 1)
+
+
+def stop_tokens(tokenizer, rows) -> set[int]:
+    """The special tokens the answers end with (a chat template's end-of-turn token): where generation stops."""
+    special = set(tokenizer.all_special_ids)
+    ends = rows.starts[1:] - 1
+    return {int(t) for t, a in zip(rows.ids[ends], rows.answer[ends]) if a and int(t) in special}
+
+
+def splits_of(rows: dict, cfg: TrainConfig, tokenizer, source: str, form: str) -> Splits:
+    train = rows["train"]
+    facts = {
+        "tokenizer": f"{type(tokenizer).__name__} (the model's own)",
+        "vocab_size": len(tokenizer),
+        "pair_format": form,
+        "train_pairs": len(train),
+        "train_tokens": int(train.lengths.sum()),
+        "train_answer_tokens": int(train.answer.sum()),
+        "data_path": "rendered and tokenised, "
+        + ("each batch's sequences packed into one row" if cfg.data.packing else "padded per batch"),
+    }
+    shape = DataShape(
+        "tokens", vocab_size=len(tokenizer), max_length=cfg.data.max_length, pad_id=tokenizer.pad_token_id
+    )
+    return Splits.of(
+        rows,
+        shape,
+        source,
+        input_columns=["prompt"],
+        facts=facts,
+        tokenizer=tokenizer,
+        tokens_per_sample=float(train.lengths.sum() / max(len(train), 1)),
+    )

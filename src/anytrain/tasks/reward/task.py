@@ -1,0 +1,96 @@
+"""reward: a transformers sequence classifier with one output, trained on preference pairs (tasks/dpo/pairs.py,
+the same formats as dpo) with the Bradley-Terry loss, -log σ(r_chosen - r_rejected), the mean over the pairs of
+the optimizer step on any number of ranks and accumulation steps. Each batch of B pairs is one forward pass over
+its 2B sequences. The metric is pairwise accuracy (the chosen answer scored above the rejected one), with the mean
+margin. It exports a folder AutoModelForSequenceClassification loads (num_labels 1); `anytrain predict RUN
+--dataset FILE` scores each text of the file's `text` column (a prompt followed by its answer, as trained)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ...best import HIGHER, LOWER
+from ...data.splits import Splits, targets_of
+from ...hf import Head
+from ...shape import DataShape
+from ...usermodel import logits_of
+from ..transformers import Transformers, step_shares
+
+
+class RewardModel(Transformers):
+    name = "reward"
+    goals = {"loss": LOWER, "accuracy": HIGHER, "margin": HIGHER}
+    headline = "accuracy"
+    offers = frozenset({"export", "predict", "lora"})
+    head = Head("AutoModelForSequenceClassification", "sequence-classification", labelled=True)
+    targets_to_model = False  # the loss is the pairs'; the model is given the texts only
+    share: float | None = None
+
+    def load_data(self, given=None) -> Splits:
+        from ... import hf
+        from ...data.hftext import pad_multiple
+        from ..dpo.pairs import pair_rows
+        from ..dpo.task import splits_of
+
+        self.tokenizer = hf.load_tokenizer(self.cfg)
+        rows, form, source, notes = pair_rows(self.cfg, self.tokenizer, given, pad_multiple())
+        for split in rows.values():
+            split.answers_in_inputs = False  # a classifier reads the texts only
+        self.data = splits_of(rows, self.cfg, self.tokenizer, source, form)
+        self.data.input_columns = ["text"]
+        self.data.notes.extend(notes)
+        self.model_config = self.checked_config(self.tokenizer.pad_token_id)
+        return self.data
+
+    def checked_config(self, pad_id: int | None):
+        from ... import hf
+
+        config = hf.model_config(self.cfg, self.head, self.name, pad_id, ["reward"])  # one output: the score
+        hf.check_vocabulary(self.cfg, self.tokenizer, config)
+        return config
+
+    def train_batches(self, batches, loader, epoch: int, skipped: int):
+        per_row = targets_of(self.data.train)  # one a pair: the loss is a mean over pairs
+        shares = step_shares(loader, epoch, per_row, self.cfg.optim.grad_accum_steps)
+        for k, batch in enumerate(batches, start=skipped):
+            self.share = shares[k]  # the loss of this batch, computed before the next one is drawn
+            yield batch
+
+    def margins(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+        """r_chosen - r_rejected per pair, from the scores of the batch's 2B sequences (the chosen first)."""
+        scores = logits_of(outputs).float()[:, 0]
+        b = len(targets)
+        return scores[:b] - scores[b : 2 * b]
+
+    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+        losses = -F.logsigmoid(self.margins(outputs, targets))
+        return losses.sum() / (self.share or len(losses))
+
+    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        margin = self.margins(outputs, targets)
+        return {"loss": -F.logsigmoid(margin), "accuracy": (margin > 0).double(), "margin": margin}
+
+    def metrics(self, sums: dict, count: int) -> dict:
+        return {k: v.item() / count for k, v in sums.items()}
+
+    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
+        return torch.zeros(batch // 2, 2)
+
+    def weights_metadata(self) -> dict:
+        return {**super().weights_metadata(), "input_columns": json.dumps(["text"])}
+
+    def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
+        rows, ds, source = super().predict_inputs(dataset, meta, folder)
+        rows.tokenizer.padding_side = "right"
+        return rows, ds, source
+
+    def predict_batch(self, model: nn.Module, inputs, meta: dict) -> list[dict]:
+        """Each text's reward (the model's one output)."""
+        device = next(model.parameters()).device
+        scores = model(**{k: v.to(device) for k, v in inputs.items()}).logits.float()[:, 0]
+        return [{"reward": score} for score in scores.tolist()]
