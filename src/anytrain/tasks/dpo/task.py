@@ -87,12 +87,14 @@ class DirectPreference(SupervisedFineTuning):
         from .pairs import pair_rows
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
+        self.model_config = self.checked_config(
+            self.tokenizer.pad_token_id
+        )  # fits the task? said before any data is read
         rows, form, source, notes = pair_rows(self.cfg, self.tokenizer, given, pad_multiple())
         self.data = splits_of(rows, self.cfg, self.tokenizer, source, form)
         self.data.notes.extend(notes)
         self.stops = sorted({self.tokenizer.eos_token_id, *stop_tokens(self.tokenizer, rows["train"])} - {None})
         self.data.metadata.update(stop_ids=json.dumps(self.stops), chat_template="yes" if "chats" in form else "no")
-        self.model_config = self.checked_config(self.tokenizer.pad_token_id)
         return self.data
 
     def build_model(self, given=None) -> nn.Module:

@@ -38,13 +38,15 @@ class RewardModel(Transformers):
         from ..dpo.task import splits_of
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
+        self.model_config = self.checked_config(
+            self.tokenizer.pad_token_id
+        )  # fits the task? said before any data is read
         rows, form, source, notes = pair_rows(self.cfg, self.tokenizer, given, pad_multiple())
         for split in rows.values():
             split.answers_in_inputs = False  # a classifier reads the texts only
         self.data = splits_of(rows, self.cfg, self.tokenizer, source, form)
         self.data.input_columns = ["text"]
         self.data.notes.extend(notes)
-        self.model_config = self.checked_config(self.tokenizer.pad_token_id)
         return self.data
 
     def checked_config(self, pad_id: int | None):
