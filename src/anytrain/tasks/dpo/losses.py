@@ -9,7 +9,7 @@ loss and its chosen and rejected rewards (the reward margin and accuracy follow 
 π is a sequence's summed log-probability of its completion under the model, ref the reference's; π̄ and ref̄ are
 per completion token (divided by its length), as TRL computes IPO, SimPO and ORPO; odds(p) = p / (1 - p). ORPO's
 first term is the chosen answer's mean token loss (its SFT loss), per pair. The loss the loop trains on is the
-mean of these over the pairs of the optimizer step (task.py).
+mean of these over the pairs of the optimizer step (tasks/dpo/task.py).
 """
 
 from __future__ import annotations
@@ -59,4 +59,4 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
     return torch.log(-torch.expm1(x.clamp(max=-1e-12)))
 
 
-LOSSES = {"sigmoid": sigmoid, "ipo": ipo, "simpo": simpo, "orpo": orpo}  # options.LOSSES names them
+LOSSES = {"sigmoid": sigmoid, "ipo": ipo, "simpo": simpo, "orpo": orpo}  # the names tasks/dpo/options.py offers
