@@ -13,6 +13,7 @@ Data: 150 generated pairs (120 train, 15 validation, 15 test), or the 2,000 of t
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -228,6 +229,10 @@ def test_dpo_learns_the_bundled_preferences_from_log_2(learnt):
     assert first["loss"] == pytest.approx(LN2, abs=1e-5)  # the model is its own reference before step 1
     assert summary["test_reward_accuracy"] >= 0.9 and summary["val_loss"] < 0.4, summary  # measured 1.0, 0.24
     assert summary["test_chosen_reward"] > summary["test_rejected_reward"]
+    from anytrain.reload import read_weights_metadata, weights_file
+
+    meta = read_weights_metadata(weights_file(str(run_dir)))[2]
+    assert len(json.loads(meta["stop_ids"])) == 2  # the end-of-text token and ChatML's <|im_end|>
     assert (run_dir / "reference_logps.safetensors").is_file() and (run_dir / "hf" / "model.safetensors").is_file()
 
 

@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -230,10 +231,10 @@ def example_table(logits: torch.Tensor) -> torch.Tensor:
 
 
 def stop_tokens(tokenizer, rows) -> set[int]:
-    """The special tokens the answers end with (a chat template's end-of-turn token): where generation stops."""
+    """The special tokens the answers hold (a chat template's end-of-turn token): where generation stops. Not only
+    an answer's last token: ChatML ends a turn with <|im_end|> and then a newline."""
     special = set(tokenizer.all_special_ids)
-    ends = rows.starts[1:] - 1
-    return {int(t) for t, a in zip(rows.ids[ends], rows.answer[ends]) if a and int(t) in special}
+    return {int(t) for t in np.unique(rows.ids[rows.answer]) if int(t) in special}
 
 
 def splits_of(rows: dict, cfg: TrainConfig, tokenizer, source: str, form: str) -> Splits:
