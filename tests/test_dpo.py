@@ -106,7 +106,7 @@ def test_a_reward_models_loss_is_bradley_terry():
 # --------------------------------------------------------------------------- the pairs and their log-probabilities
 
 
-def encoded(tokenizer, rows: list[dict], form: str, packed: bool = False):
+def encoded(tokenizer, rows: list[dict], form: str, packed: int = 0):
     import datasets
 
     from anytrain.tasks.dpo.pairs import PairRenderer, PairRows, encode
@@ -163,7 +163,7 @@ def test_fused_log_probabilities_equal_the_full_logits_and_packed_equal_padded(f
     tokenizer = AutoTokenizer.from_pretrained(folders["llama"])
     tokenizer.pad_token = tokenizer.eos_token
     rows = preferences.rows(6, seed=1)
-    padded, packed = encoded(tokenizer, rows, "explicit"), encoded(tokenizer, rows, "explicit", packed=True)
+    padded, packed = encoded(tokenizer, rows, "explicit"), encoded(tokenizer, rows, "explicit", packed=256)
     plain = AutoModelForCausalLM.from_pretrained(folders["llama"])
     fused = AutoModelForCausalLM.from_pretrained(folders["llama"])
     logprobs.install(fused, None)

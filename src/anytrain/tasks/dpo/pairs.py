@@ -102,12 +102,12 @@ class PairRenderer:
 class PairRows(Rows):
     """Tokenised pairs, each two sequences (chosen, rejected) held as flat int32 arrays with offsets. A batch of
     B pairs is 2B sequences, the B chosen first: padded one a row (input_ids, attention_mask), or with `packed`
-    all of them in one row with position ids restarting at each (no padding, no attention across them). Inputs
+    (the --max-length of a row) as few rows as hold them, position ids restarting at each (no attention across). Inputs
     also hold `labels` (the answer's ids, -100 elsewhere) and `sequence_ids` (each token's sequence); the targets
     are the pairs' cached reference log-probabilities (B, 2), NaN where there are none."""
 
-    def __init__(self, ids: list[list[int]], answers: list[list[bool]], pad_id: int, multiple, packed: bool = False):
-        self.pad_id, self.multiple, self.packed = pad_id, multiple, packed
+    def __init__(self, ids: list[list[int]], answers: list[list[bool]], pad_id: int, multiple, packed: int = 0):
+        self.pad_id, self.multiple, self.packed, self.max_length = pad_id, multiple, bool(packed), packed
         self.lengths = np.array([len(seq) for seq in ids], dtype=np.int64)  # 2 per pair: chosen, rejected
         self.starts = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         self.ids = np.fromiter((t for seq in ids for t in seq), dtype=np.int32, count=int(self.starts[-1]))
@@ -152,17 +152,29 @@ class PairRows(Rows):
         return {"input_ids": input_ids, "attention_mask": mask, "labels": labels, "sequence_ids": sequence_ids}
 
     def packed_batch(self, seqs: list) -> dict:
-        total = sum(len(ids) for ids, _ in seqs)
-        width = self.width(total)
-        tail = width - total  # padding: a sequence of its own, learned nowhere
-        input_ids = torch.cat([ids for ids, _ in seqs] + [torch.full((tail,), self.pad_id)])
-        labels = torch.cat([answer for _, answer in seqs] + [torch.full((tail,), IGNORE)])
-        positions = torch.cat([torch.arange(len(ids)) for ids, _ in seqs] + [torch.arange(tail)])
-        sequence_ids = torch.repeat_interleave(
-            torch.arange(len(seqs) + 1), torch.tensor([len(ids) for ids, _ in seqs] + [tail])
-        ).clamp(max=len(seqs) - 1)
-        batch = {"input_ids": input_ids, "position_ids": positions, "labels": labels, "sequence_ids": sequence_ids}
-        return {k: v[None] for k, v in batch.items()}
+        """The batch's sequences in rows of at most --max-length tokens (next fit, in order), position ids
+        restarting at each; the rows padded to the fullest one (padding: a sequence of its own, learned nowhere).
+        Rows rather than one long row: attention's cost grows with the square of a row's length."""
+        from ...data.packing import row_layout
+
+        lengths = np.array([len(ids) for ids, _ in seqs], dtype=np.int64)
+        rows = row_layout(lengths, self.max_length)
+        count = int(rows[-1]) + 1
+        used = np.bincount(rows, weights=lengths, minlength=count).astype(np.int64)
+        width = self.width(int(used.max()))
+        input_ids = torch.full((count, width), self.pad_id, dtype=torch.long)
+        labels = torch.full_like(input_ids, IGNORE)
+        positions = torch.arange(width).repeat(count, 1)
+        sequence_ids = torch.zeros_like(input_ids)
+        at = np.zeros(count, dtype=np.int64)
+        for k, ((ids, answer), row) in enumerate(zip(seqs, rows.tolist())):
+            a, n = int(at[row]), len(ids)
+            input_ids[row, a : a + n], labels[row, a : a + n] = ids, answer
+            positions[row, a : a + n], sequence_ids[row, a : a + n] = torch.arange(n), k
+            at[row] += n
+        tail = torch.arange(width) >= torch.as_tensor(used)[:, None]
+        positions[tail] = (torch.arange(width) - torch.as_tensor(used)[:, None])[tail]
+        return {"input_ids": input_ids, "position_ids": positions, "labels": labels, "sequence_ids": sequence_ids}
 
     def set_epoch(self, epoch: int) -> None:
         """Nothing is random in a pair's tokens."""
@@ -228,7 +240,8 @@ def pair_rows(cfg: TrainConfig, tokenizer, given, multiple) -> tuple[dict, str, 
         ids = [seq for pair in ds["ids"] for seq in pair]
         answers = [seq for pair in ds["answers"] for seq in pair]
         seen += len(ids)
-        rows[name] = PairRows(ids, answers, tokenizer.pad_token_id, multiple, cfg.data.packing and name == "train")
+        packed = cfg.data.max_length if cfg.data.packing and name == "train" else 0  # rows of --max-length
+        rows[name] = PairRows(ids, answers, tokenizer.pad_token_id, multiple, packed)
     notes = []
     if cut:
         notes.append(f"--max-length {cfg.data.max_length} cuts {cut:,} of {seen:,} answers short (their ends)")

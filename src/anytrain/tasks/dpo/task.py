@@ -1,5 +1,5 @@
 """dpo: preference tuning of a transformers causal LM on pairs (tasks/dpo/pairs.py). Each batch of B pairs is one
-forward pass over its 2B sequences (padded one a row, or with --packing one row of them all, kept apart by their
+forward pass over its 2B sequences (padded one a row, or with --packing in rows of --max-length, kept apart by their
 position ids), which gives each sequence's log-probability of its answer (tasks/dpo/logprobs.py: no full logits).
 The loss (tasks/dpo/losses.py: --dpo-loss, --beta) is the mean over the pairs of the optimizer step, whatever the
 number of ranks and accumulation steps. The reference (--reference) is cached before step 0 (full fine-tuning),
@@ -247,7 +247,7 @@ def splits_of(rows: dict, cfg: TrainConfig, tokenizer, source: str, form: str) -
         "train_tokens": int(train.lengths.sum()),
         "train_answer_tokens": int(train.answer.sum()),
         "data_path": "rendered and tokenised, "
-        + ("each batch's sequences packed into one row" if cfg.data.packing else "padded per batch"),
+        + ("each batch's sequences packed into rows of --max-length" if cfg.data.packing else "padded per batch"),
     }
     shape = DataShape(
         "tokens", vocab_size=len(tokenizer), max_length=cfg.data.max_length, pad_id=tokenizer.pad_token_id
