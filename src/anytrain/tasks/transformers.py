@@ -194,6 +194,15 @@ def token_weighted(batches, loader, epoch: int, skipped: int, per_row, accum: in
         yield {**inputs, "num_items_in_batch": shares[k]}, targets
 
 
+def with_shares(task, batches, loader, epoch: int, skipped: int, per_row):
+    """The batches, each setting `task.share` (its step's share of the targets: step_shares, from `per_row`, the
+    training rows' target counts) before it is yielded: the loss the task computes for it divides its sum by it."""
+    shares = step_shares(loader, epoch, per_row, task.cfg.optim.grad_accum_steps)
+    for k, batch in enumerate(batches, start=skipped):
+        task.share = shares[k]  # the loss of this batch, computed before the next one is drawn
+        yield batch
+
+
 def token_sums(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per row of (B, T, V) logits and (B, T) targets (IGNORE: none): summed loss, target tokens, correct ones."""
     losses = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")
@@ -222,10 +231,7 @@ class TokenWeighted(Transformers):
         return targets_of(self.data.train)
 
     def train_batches(self, batches, loader, epoch: int, skipped: int):
-        shares = step_shares(loader, epoch, self.targets_per_row(epoch), self.cfg.optim.grad_accum_steps)
-        for k, batch in enumerate(batches, start=skipped):
-            self.share = shares[k]  # the loss of this batch, computed before the next one is drawn
-            yield batch
+        return with_shares(self, batches, loader, epoch, skipped, self.targets_per_row(epoch))
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         total = F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")

@@ -80,15 +80,15 @@ def sequence_table(token_logps: torch.Tensor, sequences: torch.Tensor, count: in
     return table
 
 
-def completion_logps(model: nn.Module, own_forward: Callable, kwargs: dict, labels, sequences) -> torch.Tensor:
+def completion_logps(model: nn.Module, own_forward: Callable, fused: bool, kwargs: dict, labels, sequences):
     """(sequences, 2) for one batch: the completion tokens' log-probabilities, through the fused output layer
-    where lmhead.py can take it, else from the model's own logits."""
+    where lmhead.py can take it (`fused`, decided once per model), else from the model's own logits."""
     targets, where = labels[:, 1:], sequences[:, 1:]  # position t predicts token t + 1
     picked = targets != IGNORE
     count = int(sequences.max()) + 1
     m = cast(Any, model)  # a transformers causal LM
     inputs = {**kwargs, "use_cache": False}
-    if lmhead.why_not(model) is None:
+    if fused:
         hidden = getattr(m, m.base_model_prefix)(**inputs).last_hidden_state[:, :-1][picked]
         head = m.get_output_embeddings()
         chunk = lmhead.chunk_tokens(head.weight.shape[0])
@@ -101,14 +101,14 @@ def completion_logps(model: nn.Module, own_forward: Callable, kwargs: dict, labe
 
 def install(model: nn.Module, reference: Callable | None) -> None:
     """Give the model the pairs' forward (with labels); its own forward otherwise."""
-    own = type(model).forward
+    own, fused = type(model).forward, lmhead.why_not(model) is None
 
     def forward(self, *args, labels=None, sequence_ids=None, **kwargs):
         if labels is None:
             return own(self, *args, **kwargs)
         if args:
             kwargs["input_ids"] = args[0]
-        table = completion_logps(self, own, kwargs, labels, sequence_ids)
+        table = completion_logps(self, own, fused, kwargs, labels, sequence_ids)
         ref = torch.full_like(table[:, :1], float("nan"))
         if reference is not None:
             with torch.no_grad():
@@ -122,14 +122,14 @@ def adapter_off(model: nn.Module) -> Callable:
     """The reference of a LoRA run: the same model with its adapters off (peft's tuner layers), for one batch."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    own = type(model).forward
+    own, fused = type(model).forward, lmhead.why_not(model) is None
 
     def reference(kwargs: dict, labels, sequences) -> torch.Tensor:
         layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
         for layer in layers:
             layer.enable_adapters(False)
         try:
-            return completion_logps(model, own, kwargs, labels, sequences)
+            return completion_logps(model, own, fused, kwargs, labels, sequences)
         finally:
             for layer in layers:
                 layer.enable_adapters(True)
@@ -142,12 +142,12 @@ def frozen_copy(model: nn.Module) -> Callable:
     import copy
 
     copied = copy.deepcopy(model).eval().requires_grad_(False)
-    own = type(copied).forward
+    own, fused = type(copied).forward, lmhead.why_not(copied) is None
 
     def reference(kwargs: dict, labels, sequences) -> torch.Tensor:
         device = labels.device
         if next(copied.parameters()).device != device:
             copied.to(device)
-        return completion_logps(copied, own, kwargs, labels, sequences)
+        return completion_logps(copied, own, fused, kwargs, labels, sequences)
 
     return reference

@@ -128,9 +128,12 @@ class PairRows(Rows):
         ids = torch.from_numpy(self.ids[start : start + n].astype(np.int64))
         return ids, ids.masked_fill(~torch.from_numpy(self.answer[start : start + n]), IGNORE)
 
+    def sequences(self, indices: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The pairs' sequences in a batch's order: the chosen ones, then the rejected ones."""
+        return [self.sequence(k) for k in [2 * i for i in indices] + [2 * i + 1 for i in indices]]
+
     def __getitems__(self, indices: list[int]):
-        order = [2 * i for i in indices] + [2 * i + 1 for i in indices]  # the chosen, then the rejected
-        seqs = [self.sequence(k) for k in order]
+        seqs = self.sequences(indices)
         inputs = self.packed_batch(seqs) if self.packed else self.padded_batch(seqs)
         if not self.answers_in_inputs:
             inputs = {k: inputs[k] for k in ("input_ids", "attention_mask")}

@@ -72,7 +72,7 @@ def compute(model: nn.Module, rows, batch_size: int) -> torch.Tensor:
     mine = []
     for start in starts:
         indices = list(range(start, min(start + batch_size, len(rows))))
-        inputs = rows.padded_batch([rows.sequence(k) for k in order(indices)])
+        inputs = rows.padded_batch(rows.sequences(indices))
         with torch.autocast(state.device.type, dtype=dtype or torch.float32, enabled=autocast):
             table = model(**{k: v.to(state.device) for k, v in inputs.items()})
         mine.append((start, table[:, 0].view(2, -1).T.float().cpu()))
@@ -80,7 +80,3 @@ def compute(model: nn.Module, rows, batch_size: int) -> torch.Tensor:
     model.train(was_training)
     found = dict(items)
     return torch.cat([found[start] for start in sorted(found)]) if found else torch.zeros(0, 2)
-
-
-def order(indices: list[int]) -> list[int]:
-    return [2 * i for i in indices] + [2 * i + 1 for i in indices]

@@ -25,8 +25,8 @@ from ...config import ConfigError, TrainConfig
 from ...data.splits import Splits, targets_of
 from ...shape import DataShape
 from ...usermodel import logits_of
-from ..hf_sft import SupervisedFineTuning, last_answer
-from ..transformers import step_shares
+from ..hf_sft import SupervisedFineTuning
+from ..transformers import with_shares
 from . import logprobs, reference
 from .losses import LOSSES, Pairs
 from .options import REFERENCE_FREE, DPOOptions
@@ -83,17 +83,7 @@ class DirectPreference(SupervisedFineTuning):
         self.cache: tuple[str, dict] | None = None  # (key, log-probabilities) to write when the run folder opens
 
     def load_data(self, given=None) -> Splits:
-        from ... import hf
-        from ...data.hftext import pad_multiple
-        from .pairs import pair_rows
-
-        self.tokenizer = hf.load_tokenizer(self.cfg)
-        self.model_config = self.checked_config(
-            self.tokenizer.pad_token_id
-        )  # fits the task? said before any data is read
-        rows, form, source, notes = pair_rows(self.cfg, self.tokenizer, given, pad_multiple())
-        self.data = splits_of(rows, self.cfg, self.tokenizer, source, form)
-        self.data.notes.extend(notes)
+        rows, form = load_pairs(self, given)
         self.stops = sorted({self.tokenizer.eos_token_id, *stop_tokens(self.tokenizer, rows["train"])} - {None})
         self.data.metadata.update(stop_ids=json.dumps(self.stops), chat_template="yes" if "chats" in form else "no")
         return self.data
@@ -151,11 +141,7 @@ class DirectPreference(SupervisedFineTuning):
             if PartialState().is_main_process:
                 reference.write(Path(self.cfg.run.output_dir), self.cache[1], self.cache[0])
             self.cache = None
-        per_row = targets_of(self.data.train)  # one a pair: the loss is a mean over pairs
-        shares = step_shares(loader, epoch, per_row, self.cfg.optim.grad_accum_steps)
-        for k, batch in enumerate(batches, start=skipped):
-            self.share = shares[k]  # the loss of this batch, computed before the next one is drawn
-            yield batch
+        yield from with_shares(self, batches, loader, epoch, skipped, targets_of(self.data.train))  # one a pair
 
     # --------------------------------------------------------------------------- the loss
     def pairs(self, outputs, targets: torch.Tensor) -> Pairs:
@@ -191,26 +177,13 @@ class DirectPreference(SupervisedFineTuning):
     def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
         """The pairs' statistics, then each pair's chosen answer generated from its prompt: exact match."""
         stats = self.per_sample(forward(model, inputs, targets), targets)
-        b = len(targets)
-        ids, labels = inputs["input_ids"][:b].cpu(), inputs["labels"][:b].cpu()
-        pairs = [last_answer(*row) for row in zip(ids, labels, inputs["attention_mask"][:b].sum(1).tolist())]
-        replies = self.generate(model, [p for p, _ in pairs], max(len(a) for _, a in pairs), do_sample=False)
-        expected = [self.tokenizer.decode(answer, skip_special_tokens=True).strip() for _, answer in pairs]
-        exact = [reply.strip() == answer for reply, answer in zip(replies, expected)]
-        stats["exact_match"] = torch.tensor(exact, dtype=torch.float64, device=targets.device)
-        if not self.shown:
-            for (prompt, _), reply, answer in list(zip(pairs, replies, expected))[:3]:
-                asked = self.tokenizer.decode(prompt, skip_special_tokens=True).strip().replace("\n", " | ")
-                self.shown.append(f"  ...{asked[-60:]!r} -> {reply.strip()!r} (expected {answer!r})")
+        b = len(targets)  # the chosen sequences: their answers are what a prompt should get
+        chosen = (inputs["input_ids"][:b], inputs["labels"][:b], inputs["attention_mask"][:b])
+        stats["exact_match"] = self.exact_match(model, *chosen)
         return stats
 
     def metrics(self, sums: dict, count: int) -> dict:
-        from accelerate.state import PartialState
-        from tqdm.auto import tqdm
-
-        if self.shown and PartialState().is_main_process:
-            tqdm.write("\n".join(["generated answers:", *self.shown]))
-        self.shown = []
+        self.say_shown()
         return {k: v.item() / count for k, v in sums.items()}
 
     def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
@@ -235,6 +208,21 @@ def stop_tokens(tokenizer, rows) -> set[int]:
     an answer's last token: ChatML ends a turn with <|im_end|> and then a newline."""
     special = set(tokenizer.all_special_ids)
     return {int(t) for t in np.unique(rows.ids[rows.answer]) if int(t) in special}
+
+
+def load_pairs(task, given) -> tuple[dict, str]:
+    """What dpo and reward read the same way: the model's tokenizer, its config checked for the task (said before
+    any data is read), then the pairs (tasks/dpo/pairs.py) as the task's Splits. Returns the rows and their format."""
+    from ... import hf
+    from ...data.hftext import pad_multiple
+    from .pairs import pair_rows
+
+    task.tokenizer = hf.load_tokenizer(task.cfg)
+    task.model_config = task.checked_config(task.tokenizer.pad_token_id)
+    rows, form, source, notes = pair_rows(task.cfg, task.tokenizer, given, pad_multiple())
+    task.data = splits_of(rows, task.cfg, task.tokenizer, source, form)
+    task.data.notes.extend(notes)
+    return rows, form
 
 
 def splits_of(rows: dict, cfg: TrainConfig, tokenizer, source: str, form: str) -> Splits:

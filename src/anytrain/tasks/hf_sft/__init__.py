@@ -102,25 +102,33 @@ class SupervisedFineTuning(HFCausalLM):
     def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
         """The answers' loss and accuracy (teacher-forced), then each row's last answer generated: exact match."""
         stats = super().eval_batch(model, inputs, targets, forward)
-        lengths = inputs["attention_mask"].sum(1).tolist()
-        pairs = [last_answer(*row) for row in zip(inputs["input_ids"].cpu(), targets.cpu(), lengths)]
+        stats["exact_match"] = self.exact_match(model, inputs["input_ids"], targets, inputs["attention_mask"])
+        return stats
+
+    def exact_match(self, model: nn.Module, ids: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor):
+        """Each row's last answer (its last run of targets) generated greedily from the tokens before it: 1.0 where
+        the stripped texts are equal; the evaluation's first few kept for the log."""
+        pairs = [last_answer(*row) for row in zip(ids.cpu(), targets.cpu(), mask.sum(1).tolist())]
         replies = self.generate(model, [p for p, _ in pairs], max(len(a) for _, a in pairs), do_sample=False)
         expected = [self.tokenizer.decode(answer, skip_special_tokens=True).strip() for _, answer in pairs]
         exact = [reply.strip() == answer for reply, answer in zip(replies, expected)]
-        stats["exact_match"] = torch.tensor(exact, dtype=torch.float64, device=targets.device)
         if not self.shown:  # the first rows of the evaluation, for the log
             for (prompt, _), reply, answer in list(zip(pairs, replies, expected))[:SHOWN]:
                 asked = self.tokenizer.decode(prompt, skip_special_tokens=True).strip().replace("\n", " | ")
                 self.shown.append(f"  ...{asked[-60:]!r} -> {reply.strip()!r} (expected {answer!r})")
-        return stats
+        return torch.tensor(exact, dtype=torch.float64, device=targets.device)
 
-    def metrics(self, sums: dict, count: int) -> dict:
+    def say_shown(self) -> None:
+        """The evaluation's first generated answers, printed once by the main process (metrics calls it)."""
         from accelerate.state import PartialState
         from tqdm.auto import tqdm
 
         if self.shown and PartialState().is_main_process:
             tqdm.write("\n".join(["generated answers:", *self.shown]))
         self.shown = []
+
+    def metrics(self, sums: dict, count: int) -> dict:
+        self.say_shown()
         return {**super().metrics(sums, count), "exact_match": sums["exact_match"].item() / count}
 
     def weights_metadata(self) -> dict:

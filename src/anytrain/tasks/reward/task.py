@@ -19,7 +19,7 @@ from ...data.splits import Splits, targets_of
 from ...hf import Head
 from ...shape import DataShape
 from ...usermodel import logits_of
-from ..transformers import Transformers, step_shares
+from ..transformers import Transformers, with_shares
 
 
 class RewardModel(Transformers):
@@ -32,21 +32,12 @@ class RewardModel(Transformers):
     share: float | None = None
 
     def load_data(self, given=None) -> Splits:
-        from ... import hf
-        from ...data.hftext import pad_multiple
-        from ..dpo.pairs import pair_rows
-        from ..dpo.task import splits_of
+        from ..dpo.task import load_pairs
 
-        self.tokenizer = hf.load_tokenizer(self.cfg)
-        self.model_config = self.checked_config(
-            self.tokenizer.pad_token_id
-        )  # fits the task? said before any data is read
-        rows, form, source, notes = pair_rows(self.cfg, self.tokenizer, given, pad_multiple())
+        rows, _ = load_pairs(self, given)
         for split in rows.values():
             split.answers_in_inputs = False  # a classifier reads the texts only
-        self.data = splits_of(rows, self.cfg, self.tokenizer, source, form)
         self.data.input_columns = ["text"]
-        self.data.notes.extend(notes)
         return self.data
 
     def checked_config(self, pad_id: int | None):
@@ -57,11 +48,7 @@ class RewardModel(Transformers):
         return config
 
     def train_batches(self, batches, loader, epoch: int, skipped: int):
-        per_row = targets_of(self.data.train)  # one a pair: the loss is a mean over pairs
-        shares = step_shares(loader, epoch, per_row, self.cfg.optim.grad_accum_steps)
-        for k, batch in enumerate(batches, start=skipped):
-            self.share = shares[k]  # the loss of this batch, computed before the next one is drawn
-            yield batch
+        return with_shares(self, batches, loader, epoch, skipped, targets_of(self.data.train))  # one a pair
 
     def margins(self, outputs, targets: torch.Tensor) -> torch.Tensor:
         """r_chosen - r_rejected per pair, from the scores of the batch's 2B sequences (the chosen first)."""
