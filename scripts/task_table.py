@@ -27,7 +27,7 @@ def rows() -> list[str]:
     out = []
     for key, cls in classes().items():
         path = Path(inspect.getfile(cls))
-        home = path.parent if path.name == "__init__.py" else path  # a task's module, or its folder
+        home = path if path.parent.name == "tasks" else path.parent  # a task's module, or its folder
         files = sorted(home.glob("*.py")) if home.is_dir() else [home]
         lines = sum(len(f.read_text().splitlines()) for f in files)
         name = f"tasks/{home.name}/" if home.is_dir() else f"tasks/{home.name}"

@@ -272,9 +272,8 @@ def test_dpo_accumulation_equals_one_big_batch_on_an_uneven_last_step(folders, o
     assert accum["optimizer_steps"] == one["optimizer_steps"] == 8
     diff = max_abs_diff(load_model(tmp_path / "accum").state_dict(), load_model(one_dir).state_dict())
     assert diff < TOL, diff
-    # The 8th step's logged loss is the mean of its micro-batches' losses, each over the step's 8 pairs: the loop's
-    # log of a short accumulation step (every token-weighted task's too), not what was trained.
-    assert train_losses(tmp_path / "accum")[:7] == pytest.approx(train_losses(one_dir)[:7], rel=2e-6)
+    # every step's logged loss, the 8th too: two micro-batches' shares of its 8 pairs, summed over 4 (step_shares)
+    assert train_losses(tmp_path / "accum") == pytest.approx(train_losses(one_dir), rel=2e-6)
     monkeypatch.setattr(DirectPreference, "train_batches", lambda self, batches, *_: batches)
     in_process(tmp_path / "plain", *args(folders), *flags)
     plain = max_abs_diff(load_model(tmp_path / "plain").state_dict(), load_model(one_dir).state_dict())
@@ -393,3 +392,52 @@ def test_a_reward_model_learns_the_pairs_exports_and_predicts(folders, tmp_path)
     with torch.no_grad():
         expected = [model(**tokenizer(t, return_tensors="pt")).logits[0, 0].item() for t in texts]
     assert [r["reward"] for r in rows] == pytest.approx(expected, abs=1e-5)
+
+
+# --------------------------------------------------------------------------- the SFT -> DPO study (examples/)
+
+
+def study():
+    """examples/sft_then_dpo.py, imported as a module (its runs are minutes long: the guide gives its figures)."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("sft_then_dpo", ROOT / "examples" / "sft_then_dpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_study_scores_prompts_asked_in_neither_training_set(monkeypatch):
+    from anytrain.data import instructions
+
+    example = study()
+    rows = example.held_out(300)
+    asked = [row["prompt"][-1]["content"] for row in rows]
+    seen = {m["content"] for row in instructions.rows() for m in row["messages"] if m["role"] == "user"}
+    seen |= {row["prompt"][-1]["content"] for row in preferences.rows()}
+    assert len(rows) == 300 and not seen & set(asked)
+    # the score: exact match with the chosen answer, the near-miss share, per kind
+    replies = [row["chosen"][0]["content"] if k % 2 else row["rejected"][0]["content"] for k, row in enumerate(rows)]
+    replies[1] = "no"  # one odd row neither right nor the near miss
+    monkeypatch.setattr(example, "answers", lambda folder, given: replies)
+    scored = example.score(None, rows)
+    assert scored["exact_match"] == pytest.approx(149 / 300) and scored["near_miss"] == pytest.approx(150 / 300)
+    kinds = {row["kind"] for row in rows}
+    assert set(scored["by_kind"]) == kinds and all(0 < v < 1 for v in scored["by_kind"].values())
+
+
+def test_the_studys_noisy_demonstrations_end_in_the_near_miss_at_the_share_asked(tmp_path):
+    from anytrain.data import instructions
+
+    example = study()
+    assert example.demonstrations(tmp_path, 0.0) == "instructions"  # no noise: the bundled set itself
+    clean = instructions.rows()
+    noisy = [json.loads(line) for line in open(example.demonstrations(tmp_path, 0.45))]
+    assert len(noisy) == len(clean)
+    changed = [k for k, (a, b) in enumerate(zip(clean, noisy)) if a["messages"] != b["messages"]]
+    assert 0.42 < len(changed) / len(clean) < 0.48
+    for k in changed:  # only the last answer differs, and it is wrong
+        before, after = clean[k]["messages"], noisy[k]["messages"]
+        assert before[:-1] == after[:-1] and before[-1]["content"] != after[-1]["content"]

@@ -153,10 +153,12 @@ class Throughput:
 
 class LossWindow:
     """This rank's batch losses since the last log line, with their step numbers; saved in
-    checkpoints, so the first log line after a resume is the one the run would have written."""
+    checkpoints, so the first log line after a resume is the one the run would have written.
+    `summed_over`: --grad-accum-steps when the task's batch losses are shares of their step's loss
+    (Task.step_shares), None when each is a mean of its own."""
 
-    def __init__(self, saved: list, device: torch.device):
-        self.device = device
+    def __init__(self, saved: list, device: torch.device, summed_over: int | None = None):
+        self.device, self.summed_over = device, summed_over
         self.steps = [step for step, _ in saved]
         self.losses = [torch.tensor(loss, device=device) for _, loss in saved]
 
@@ -166,9 +168,12 @@ class LossWindow:
 
     def mean(self, accelerator: Accelerator, signalled: bool) -> tuple[float | None, bool]:
         """One all-reduce: the mean loss over every rank's window (None when all are empty), and
-        whether any rank received a stop signal."""
+        whether any rank received a stop signal. The mean over its batches; for step shares, their
+        sum over summed_over x its steps: each step's loss is what it trained, also an epoch's last
+        step when it has fewer batches than --grad-accum-steps."""
         losses = torch.stack(self.losses).float() if self.losses else torch.zeros(0, device=self.device)
-        counts = torch.tensor([float(len(self.losses)), float(signalled)], device=self.device)
+        count = self.summed_over * len(set(self.steps)) if self.summed_over else len(self.losses)
+        counts = torch.tensor([float(count), float(signalled)], device=self.device)
         total = accelerator.reduce(torch.cat([losses.sum().view(1), counts]), "sum")
         mean = (total[0] / total[1]).item() if total[1] > 0 else None
         return mean, bool(total[2].item())
@@ -383,7 +388,8 @@ class Loop:
         self.bar = tqdm(
             total=parts.total_steps, initial=parts.progress.step, unit="step", dynamic_ncols=True, disable=not show
         )
-        self.window = LossWindow(parts.progress.window, accelerator.device)  # restored on resume
+        shares = cfg.optim.grad_accum_steps if parts.task.step_shares else None
+        self.window = LossWindow(parts.progress.window, accelerator.device, shares)  # restored on resume
         self.speed = Throughput()
         self.val: dict = {}  # the last validation's metrics
         self.best = BestWeights(cfg.eval.final_weights == "best")  # the best validation's weights (best.py)

@@ -9,6 +9,7 @@ run that cannot, --packing for a classifier) asks `offered` here: there are no r
         headline = "accuracy"                            # the best weights' and early stopping's metric
         offers = frozenset({"predict"})                  # + predict_inputs, predict_batch
         options = SmoothOptions                          # its own option() fields: flags, YAML, resume check
+        step_shares = False                              # True: train_batches makes a batch's loss its step's share
 
         def load_data(self, given=None) -> Splits        # read, check, split (data.splits.Splits)
         def build_model(self, given=None) -> nn.Module   # the model to train
@@ -67,6 +68,7 @@ class Task(abc.ABC):
     offers: ClassVar[frozenset[str]] = frozenset()  # its optional capabilities (CAPABILITIES)
     options: ClassVar[type | None] = None  # a frozen dataclass of config.option() fields: its own section
     targets_to_model: ClassVar[bool] = True  # the targets go to a model whose forward takes them (its own loss)
+    step_shares: ClassVar[bool] = False  # train_batches makes each batch's loss its share of its step's loss
     hints: ClassVar[dict[str, str]] = {}  # capability -> what to use instead, said with its refusal
     losses: ClassVar[tuple[str, ...]] = ()  # the built-in --loss names it also trains with (mse, huber)
 

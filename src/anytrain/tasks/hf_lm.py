@@ -24,6 +24,7 @@ from .transformers import Transformers, token_sums, token_weighted, with_row_los
 class HFCausalLM(Transformers, LanguageModel):
     offers = frozenset({"export", "sample", "packing", "lora", "predict"})  # predict: each text's loss
     head = Head("AutoModelForCausalLM", "causal-LM", loss_type="ForCausalLM")
+    step_shares = True  # train_batches: transformers' loss over the step's share of target tokens
 
     def texts(self) -> dict:
         from ..data.text import lm_column

@@ -223,6 +223,7 @@ class TokenWeighted(Transformers):
     steps. Evaluation: the mean over every target token of the split, and the accuracy of its tokens."""
 
     targets_to_model = False
+    step_shares = True  # train_batches: each batch's loss over its step's share of target tokens
     goals = {"loss": LOWER, "accuracy": HIGHER}
     share: float | None = None  # the current training batch's step share (train_batches sets it)
 

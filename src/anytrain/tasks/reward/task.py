@@ -29,6 +29,7 @@ class RewardModel(Transformers):
     offers = frozenset({"export", "predict", "lora"})
     head = Head("AutoModelForSequenceClassification", "sequence-classification", labelled=True)
     targets_to_model = False  # the loss is the pairs'; the model is given the texts only
+    step_shares = True  # train_batches: each batch's loss over its step's share of pairs
     share: float | None = None
 
     def load_data(self, given=None) -> Splits:
