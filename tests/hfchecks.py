@@ -70,10 +70,10 @@ def check_two_ranks(args: list[str], reference, tmp_path) -> dict:
 
 
 def check_kill_and_resume(args: list[str], tmp_path, name: str) -> None:
-    """160 steps of batch 8 x 2 with a checkpoint every 4: the SIGKILL lands mid-run, between checkpoints."""
+    """80 steps of batch 8 x 2 with a checkpoint every 4: the SIGKILL lands mid-run, between checkpoints."""
     kill_step = random.Random(name).randint(8, 25)
     flags = (
-        "--batch-size 8 --grad-accum-steps 2 --max-steps 160 --epochs 20 --checkpoint-every-steps 4 --log-every-steps 1"
+        "--batch-size 8 --grad-accum-steps 2 --max-steps 80 --epochs 20 --checkpoint-every-steps 4 --log-every-steps 1"
     )
     kill_and_resume(tmp_path, [*args, *flags.split(), "--no-progress"], kill_step, env={"OMP_NUM_THREADS": "1"})
     ref, res = load_model(tmp_path / "reference").state_dict(), load_model(tmp_path / "victim").state_dict()

@@ -19,6 +19,7 @@ import torch
 from conftest import read_metrics, run_cli_error
 from hfchecks import big_batch, check_accumulation, check_kill_and_resume, check_two_ranks, in_process, loss_and_grads
 from hfmodels import chat_tokenizer, tiny_llama
+from safetensors.torch import load_file
 from textdata import write_jsonl
 
 from anytrain.data import instructions
@@ -184,7 +185,10 @@ def test_sft_with_lora_on_two_ranks_equals_one_rank_with_twice_the_batch(folders
 
 @pytest.mark.launch
 def test_a_packed_lora_sft_run_sigkilled_mid_run_resumes_bit_identical(folders, tmp_path):
+    """The one LoRA kill-and-resume test (lm's LoRA saves and resumes through the same HFCausalLM code)."""
     check_kill_and_resume(args(folders, *LORA, "--packing"), tmp_path, "sft")
+    held = load_file(str(next((tmp_path / "victim" / "checkpoints").glob("step-*")) / "model.safetensors"))
+    assert held and all("lora_" in name for name in held), sorted(held)  # resumed from the adapters alone
 
 
 def write_chats(path, chats: list) -> str:
