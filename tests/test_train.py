@@ -4,12 +4,16 @@ stopping, loaders and run outputs. Small runs on the bundled digits or synthetic
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import read_metrics, read_summary
+from conftest import ROOT, read_metrics, read_summary
 
 import anytrain.trainer as trainer_module
 from anytrain import TrainConfig, load_model
@@ -185,6 +189,24 @@ def test_both_optimizers_learn(tmp_path, optimizer):
 def test_cnn_learns_the_digits(tmp_path):
     summary = run(tmp_path, model="cnn", channels=[8], epochs=6)
     assert summary["test_accuracy"] > 0.85
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
+def test_the_peak_memory_is_the_processs_own_not_its_parents():
+    """A run started by a big process (a notebook, a benchmark driver) reports its own peak: ru_maxrss there
+    starts at the parent's resident set (the control), process_peak_rss does not."""
+    held = bytearray(1024 * 2**20)
+    held[:: 2**12] = b"\x01" * len(held[:: 2**12])  # every page touched: 1 GiB resident in this process
+    code = (
+        "import resource; from anytrain.outputs import process_peak_rss; "
+        "print(process_peak_rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    own, maxrss = map(int, done.stdout.split())
+    del held
+    assert maxrss >= 1024 * 2**20  # the control: the parent's gigabyte
+    assert 10 * 2**20 < own < 700 * 2**20, own  # the child's own: python, torch and anytrain imported
 
 
 def test_loader_options_do_not_change_the_math(tmp_path):

@@ -4,7 +4,7 @@ that differ from the job are set to the job (bf16 off, gradient checkpointing of
 TRL's default: a second copy of the model held in memory and run on every batch (full fine-tuning), the model with
 its adapter off (LoRA), or with --precompute the reference log-probabilities computed before training
 (precompute_ref_log_probs). Loop time is the start of training to the end of its last optimizer step (a
-TrainerCallback); peak memory the process's maximum resident set (Linux: VmHWM, see peak_rss_bytes); the model is
+TrainerCallback); peak memory the process's own maximum resident set (anytrain.outputs.process_peak_rss); the model is
 saved (LoRA: merged) for the shared scoring.
 `python trl_dpo_job.py --data DIR --model FOLDER --kind dpo|reward [--lora] [--precompute] --seed N --json OUT
 --out DIR`
@@ -12,7 +12,6 @@ saved (LoRA: merged) for the shared scoring.
 
 import argparse
 import json
-import resource
 import time
 from pathlib import Path
 
@@ -20,18 +19,7 @@ import datasets
 import dpo_job
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set. On Linux VmHWM of /proc/self/status: ru_maxrss would count the resident set
-    of the parent at fork (the benchmark's process, which has loaded and scored models: 960+ MiB after a round),
-    since Linux keeps the larger of the two across exec. Elsewhere ru_maxrss."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from anytrain.outputs import process_peak_rss
 
 
 class Clock(TrainerCallback):
@@ -91,7 +79,7 @@ def main() -> None:
             peft_config=peft_config, callbacks=[Clock()],
         )  # fmt: skip
     trainer.train()
-    peak = peak_rss_bytes()
+    peak = process_peak_rss()
     trainable = sum(q.numel() for q in trainer.model.parameters() if q.requires_grad)
     final = trainer.model.merge_and_unload() if args.lora else trainer.model
     final.save_pretrained(args.out / "final")

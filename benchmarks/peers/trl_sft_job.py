@@ -1,13 +1,13 @@
 """The chat job (sft_job.py) through TRL's SFTTrainer, written as TRL's docs show: the dataset from its
 jsonl, SFTConfig, a peft LoraConfig for the LoRA variant; TRL's defaults that differ from the job are set
 to the job (bf16 off, gradient checkpointing off). Loop time is the start of training to the end of its last
-optimizer step (a TrainerCallback); peak memory the process's maximum resident set; the model is saved
+optimizer step (a TrainerCallback); peak memory the process's own maximum resident set
+(anytrain.outputs.process_peak_rss); the model is saved
 (LoRA: merged) for the shared scoring.
 `python trl_sft_job.py --data DIR --model FOLDER --kind full|lora --seed N [--max-steps N] --json OUT --out DIR`"""
 
 import argparse
 import json
-import resource
 import time
 from pathlib import Path
 
@@ -15,6 +15,8 @@ import datasets
 import sft_job
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import SFTConfig, SFTTrainer
+
+from anytrain.outputs import process_peak_rss
 
 
 class Clock(TrainerCallback):
@@ -60,7 +62,7 @@ def main() -> None:
         callbacks=[Clock()],
     )  # fmt: skip
     trainer.train()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = process_peak_rss()
     trainable = sum(q.numel() for q in trainer.model.parameters() if q.requires_grad)
     final = trainer.model.merge_and_unload() if args.kind == "lora" else trainer.model
     final.save_pretrained(args.out / "final")
