@@ -8,7 +8,6 @@ memory, real tokens/s (anytrain), and the held-out reward accuracy and DPO loss 
 Bradley-Terry loss) scored by one function for every trainer's saved model. Part of `make bench`'s peers section
 when trl is installed (`make install-peers`); alone: `python benchmarks/dpo_vs_trl.py --rounds 3`."""
 
-import importlib.util
 import json
 import statistics
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import toolkit
 from peers import dpo_job
-from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head, write_json
+from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head
 
 UNEVEN = ["--max-length", str(dpo_job.UNEVEN_LENGTH), "--max-steps", str(dpo_job.UNEVEN_STEPS)]
 VARIANTS = [  # (name, trainer, kind, extra options: anytrain's flags or trl_dpo_job.py's)
@@ -175,20 +174,14 @@ def table(rows: dict) -> str:
 
 def main(argv=None) -> dict | None:
     args = toolkit.parser(__doc__, out="bench_out/dpo", rounds=3).parse_args(argv)
-    if importlib.util.find_spec("trl") is None or importlib.util.find_spec("peft") is None:
-        print('  not installed, left out: the preference job against TRL (pip install -e ".[peers]")', flush=True)
+    if toolkit.trl_missing("the preference job"):
         return None
     out = toolkit.out_dir(args.out)
     data = {"even": dpo_job.write_data(out / "data"), "uneven": dpo_job.write_uneven_data(out / "data-uneven")}
     model = dpo_job.build_model(out / "model")
     runner = Runner(out)
     variants = [(name, variant(name, *rest, data, model)) for name, *rest in VARIANTS]
-    records = runner.rounds(variants, args.rounds, label="dpo round")
-    rows = summarise(records)
-    job = dpo_job.__doc__.split("\n\n")[0].strip()
-    write_json(out / "dpo_vs_trl.json", {"rows": rows, "records": records, "job": job})
-    print(table(rows), flush=True)
-    return rows
+    return toolkit.peer_rounds(runner, variants, args.rounds, "dpo", dpo_job, summarise, table)
 
 
 if __name__ == "__main__":

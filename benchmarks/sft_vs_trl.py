@@ -5,14 +5,13 @@ to the end of its last optimizer step, no evaluation), the process's peak reside
 completion loss scored by one function for every trainer's saved model. Part of `make bench`'s peers
 section when trl is installed (`make install-peers`); alone: `python benchmarks/sft_vs_trl.py --rounds 3`."""
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 
 import toolkit
 from peers import sft_job
-from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head, write_json
+from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head
 
 WIDE = ["--max-steps", str(sft_job.WIDE_STEPS)]
 VARIANTS = [  # (name, trainer, kind, extra anytrain options: the wide head's --max-steps picks its model)
@@ -115,8 +114,7 @@ def table(rows: dict) -> str:
 
 def main(argv=None) -> dict | None:
     args = toolkit.parser(__doc__, out="bench_out/sft", rounds=3).parse_args(argv)
-    if importlib.util.find_spec("trl") is None or importlib.util.find_spec("peft") is None:
-        print('  not installed, left out: the SFT job against TRL (pip install -e ".[peers]")', flush=True)
+    if toolkit.trl_missing("the SFT job"):
         return None
     out = toolkit.out_dir(args.out)
     data = sft_job.write_data(out / "data")
@@ -124,12 +122,7 @@ def main(argv=None) -> dict | None:
     models["wide"] = sft_job.build_model(out / "model-32k", sft_job.WIDE_VOCABULARY)
     runner = Runner(out)
     variants = [(name, variant(name, *rest, data, models)) for name, *rest in VARIANTS]
-    records = runner.rounds(variants, args.rounds, label="sft round")
-    rows = summarise(records)
-    job = sft_job.__doc__.split("\n\n")[0].strip()
-    write_json(out / "sft_vs_trl.json", {"rows": rows, "records": records, "job": job})
-    print(table(rows), flush=True)
-    return rows
+    return toolkit.peer_rounds(runner, variants, args.rounds, "sft", sft_job, summarise, table)
 
 
 if __name__ == "__main__":

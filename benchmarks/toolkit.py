@@ -194,6 +194,27 @@ class Runner:
         return records
 
 
+def trl_missing(job: str) -> bool:
+    """Whether trl or peft is missing (said in one line): the TRL comparisons are left out then."""
+    import importlib.util
+
+    if importlib.util.find_spec("trl") and importlib.util.find_spec("peft"):
+        return False
+    print(f'  not installed, left out: {job} against TRL (pip install -e ".[peers]")', flush=True)
+    return True
+
+
+def peer_rounds(runner: Runner, variants: list, rounds: int, name: str, job, summarise, table) -> list:
+    """A comparison's interleaved rounds, its rows (summarise), <out>/<name>_vs_trl.json (rows, records, the job's
+    one-line description from its module's docstring) and its printed table."""
+    records = runner.rounds(variants, rounds, label=f"{name} round")
+    rows = summarise(records)
+    first = job.__doc__.split("\n\n")[0].strip()
+    write_json(runner.out / f"{name}_vs_trl.json", {"rows": rows, "records": records, "job": first})
+    print(table(rows), flush=True)
+    return rows
+
+
 def read_run(run_dir: Path) -> tuple[list[dict], list[dict], dict | None]:
     """An anytrain run folder: (its metrics.jsonl train lines by step, its validation lines, summary.json)."""
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
