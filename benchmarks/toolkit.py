@@ -66,9 +66,10 @@ def out_dir(path) -> Path:
 
 
 def run_env(threads: int | None = None, **extra: str) -> dict:
-    """Every run's environment: hubs offline, this checkout's src, and no thread settings (the launch
+    """Every run's environment: hubs offline, this checkout's src first on the path, and no thread settings (the launch
     decides, as it does for users) unless `threads` sets OMP_NUM_THREADS."""
-    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=str(ROOT / "src"))
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)  # before, not instead
+    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=path)
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         e.pop(k, None)
     return {**e, **({"OMP_NUM_THREADS": str(threads)} if threads else {}), **extra}

@@ -179,6 +179,7 @@ def test_a_file_size_limit_during_a_checkpoint_is_one_line_and_keeps_the_previou
     assert (
         len(line.splitlines()) == 1
         and "could not write checkpoint step-" in line
+        and "disk full or a file-size limit?" in line
         and "The previous checkpoint and checkpoints/latest are intact" in line
     ), line
     assert {
@@ -236,3 +237,20 @@ def test_a_stopped_rank_ends_the_job_with_a_clear_error_after_the_collective_tim
     # SIGKILLs it)
     assert time.monotonic() - started < 8 + 60
     assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_checkpoint_that_fails_for_another_reason_is_not_blamed_on_the_disk(tmp_path):
+    """An FSDP2 checkpoint once failed inside safetensors (a sharded tensor it could not read) and the line said
+    "disk full or a file-size limit?": only storage errors say that now; others are named as they are."""
+    from anytrain.checkpoint import write_failure
+
+    other = write_failure(
+        RuntimeError("Attempted to access the data pointer on an invalid python storage."), "step-1", tmp_path
+    )
+    assert "disk full" not in other and "RuntimeError: Attempted to access the data pointer" in other
+    assert other.endswith("The previous checkpoint and checkpoints/latest are intact")
+    for storage in (
+        OSError(28, "No space left on device"),
+        RuntimeError("Error while serializing: IoError(Os { code: 27 })"),
+    ):
+        assert "disk full or a file-size limit?" in write_failure(storage, "step-1", tmp_path)

@@ -52,9 +52,15 @@ def write_data(folder: Path, seed: int = 11) -> Path:
     return folder
 
 
-def build_model(folder: Path, vocabulary: int | None = None, positions: int = MAX_LENGTH) -> Path:
+SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4}
+
+
+def build_model(
+    folder: Path, vocabulary: int | None = None, positions: int = MAX_LENGTH, shape: dict | None = None
+) -> Path:
     """The random Llama-style model and its chat tokenizer, saved as a hub checkpoint; `vocabulary`: that many
-    rows of embeddings and output layer instead of the tokenizer's size; `positions`: its max_position_embeddings."""
+    rows of embeddings and output layer instead of the tokenizer's size; `positions`: its max_position_embeddings;
+    `shape`: LlamaConfig sizes instead of SHAPE's (scripts/gpu_truth.py's 100 M model)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -74,9 +80,9 @@ def build_model(folder: Path, vocabulary: int | None = None, positions: int = MA
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tokenizer.pad_token, tokenizer.chat_template = tokenizer.eos_token, CHATML
     config = LlamaConfig(
-        vocab_size=vocabulary or len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
+        vocab_size=vocabulary or len(tokenizer), num_key_value_heads=2, max_position_embeddings=positions,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        **{**SHAPE, **(shape or {})},
     )  # fmt: skip
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)

@@ -20,6 +20,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from .outputs import whole
+
 FILE = "best_weights.safetensors"  # in a checkpoint folder
 HIGHER, LOWER = "higher", "lower"  # which way a metric improves (a task's `goals`)
 
@@ -64,8 +66,9 @@ class BestWeights:
         self.step = -1
 
     def take(self, model: nn.Module, step: int) -> None:
+        """A copy on the CPU; of sharded (FSDP2) weights the whole tensors, so every rank calls this together."""
         if self.keep:
-            self.tensors = {k: v.detach().to("cpu", copy=True) for k, v in changing_tensors(model).items()}
+            self.tensors = {k: whole(v.detach()).to("cpu", copy=True) for k, v in changing_tensors(model).items()}
             self.step = step
 
     def to_save(self, step: int) -> dict[str, dict]:
@@ -85,8 +88,13 @@ class BestWeights:
         """Put the copy back into the model; False (nothing done) when there is none or it is the last step's."""
         if self.tensors is None or self.step == step:
             return False
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
         own = changing_tensors(model)
         with torch.no_grad():
             for name, tensor in self.tensors.items():
-                own[name].copy_(tensor)
+                target = own[name]
+                if isinstance(target, DTensor):  # FSDP2: each rank keeps its shard of the copy
+                    tensor = distribute_tensor(tensor.to(target.device), target.device_mesh, target.placements)
+                target.copy_(tensor)
         return True

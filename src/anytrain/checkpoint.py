@@ -105,13 +105,9 @@ def save_checkpoint(
             (tmp / PROGRESS).write_text(json.dumps({**state, "num_processes": accelerator.num_processes}, indent=1))
             for name, named_tensors in (tensors or {}).items():
                 save_file(named_tensors, str(tmp / name))
-    except Exception as e:  # noqa: BLE001 - OSError, or safetensors' own error type around one: say it in one line
+    except Exception as e:  # noqa: BLE001 - OSError, safetensors' own error type around one, or another: one line
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise CheckpointWriteError(
-            f"could not write checkpoint {final.name} in {folder} ({reason}): disk full or a file-size limit? "
-            f"The previous checkpoint and checkpoints/latest are intact; free space, then --resume"
-        ) from None
+        raise CheckpointWriteError(write_failure(e, final.name, folder)) from None
     accelerator.wait_for_everyone()  # every rank has written its part before the rename
     if accelerator.is_main_process:
         if final.exists():
@@ -123,6 +119,21 @@ def save_checkpoint(
         _prune(run_dir, keep)
     accelerator.wait_for_everyone()
     return final
+
+
+STORAGE_ERRORS = ("IoError", "No space left", "File too large", "Disk quota")  # safetensors' text around an OSError
+
+
+def write_failure(e: Exception, name: str, folder: Path) -> str:
+    """The one line for a checkpoint that could not be written: a storage error (disk full, a file-size limit)
+    says so; anything else is named as it is, not blamed on the disk (an FSDP2 DTensor that safetensors could not
+    read once was)."""
+    reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    what = f"could not write checkpoint {name} in {folder}"
+    kept = "The previous checkpoint and checkpoints/latest are intact"
+    if isinstance(e, OSError) or any(text in str(e) for text in STORAGE_ERRORS):
+        return f"{what} ({reason}): disk full or a file-size limit? {kept}; free space, then --resume"
+    return f"{what}: {type(e).__name__}: {reason}. {kept}"
 
 
 def save_what_trains(accelerator) -> None:

@@ -63,7 +63,8 @@ class LinearCrossEntropy(torch.autograd.Function):
             if not any(grads):
                 continue
             g = logits.sub_(log_z.unsqueeze(1)).exp_()  # softmax, in place of the logits
-            g[valid, y[valid]] -= 1.0
+            # minus the one-hot target, by a scatter: indexing by the mask would wait for the GPU at every chunk
+            g.scatter_add_(1, y.clamp(min=0).unsqueeze(1), -valid.unsqueeze(1).to(g.dtype))
             g.mul_(valid.unsqueeze(1))
             if grad_hidden is not None:
                 grad_hidden[start : start + chunk] = (g.to(weight.dtype) @ weight).to(hidden.dtype)

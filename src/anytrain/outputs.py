@@ -59,13 +59,22 @@ def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, data_metadata: 
         save_file(tensors, str(tmp), metadata={"anytrain_config": json.dumps(cfg.to_dict()), **data_metadata})
 
 
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a shard (an FSDP2 weight is a DTensor: gathered from every rank, so every rank calls
+    this together), the tensor itself otherwise."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 def weights_fingerprint(state_dict: dict) -> str:
     """16 hex digits of a sha256 over every tensor's name and bytes, in name order: equal weights, equal
-    fingerprint. summary.json holds each rank's; scripts/fingerprints.py and the tests pin them."""
+    fingerprint. summary.json holds each rank's; scripts/fingerprints.py and the tests pin them. Sharded (FSDP2)
+    weights are gathered first: every rank calls this together."""
     digest = hashlib.sha256()
     for name in sorted(state_dict):
         digest.update(name.encode())
-        digest.update(state_dict[name].detach().cpu().contiguous().numpy().tobytes())
+        digest.update(whole(state_dict[name].detach()).cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
 
 

@@ -59,9 +59,10 @@ def changes(model: nn.Module, mask: str | None) -> tuple[float, float]:
     (the first text's change, the second's)."""
     generator = torch.Generator().manual_seed(0)
     vocabulary = cast(Any, model).get_input_embeddings().weight.shape[0]  # a transformers model
-    texts = [torch.randint(1, vocabulary, (1, n), generator=generator) for n in LENGTHS]
+    device = next(model.parameters()).device  # checked where the model is (a GPU's attention kernels differ)
+    texts = [torch.randint(1, vocabulary, (1, n), generator=generator).to(device) for n in LENGTHS]
     alone = [model(input_ids=ids, use_cache=False).logits.float() for ids in texts]
-    positions = torch.cat([torch.arange(n) for n in LENGTHS])[None]
+    positions = torch.cat([torch.arange(n) for n in LENGTHS])[None].to(device)
     extra = {} if mask is None else {"attention_mask": block_mask(positions, mask == "float", torch.float32)}
     logits = model(input_ids=torch.cat(texts, 1), position_ids=positions, use_cache=False, **extra).logits.float()
     scale = max(a.abs().max().item() for a in alone) or 1.0

@@ -83,6 +83,31 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     )
 
 
+def prepare(accelerator: Accelerator, *objects):
+    """accelerator.prepare, and for FSDP2 the autocast it leaves out. accelerate 1.15 gives every prepared model a
+    forward under autocast with float32 outputs, except an FSDP2 one (its FSDP2 path skips prepare_model): in bf16
+    or fp16 that model computes in its sharded weights' dtype alone, so any float32 tensor it makes (a buffer, the
+    default MLP's standardisation) meets half-precision weights, "mat1 and mat2 must have the same dtype" (seen
+    on an H200). Here it gets the forward the others get."""
+    model, *rest = accelerator.prepare(*objects)
+    if accelerator.is_fsdp2 and accelerator.native_amp:
+        from accelerate.utils.modeling import get_mixed_precision_context_manager
+
+        with_autocast(model, get_mixed_precision_context_manager(True, accelerator.autocast_handler))
+    return model, *rest
+
+
+def with_autocast(model: torch.nn.Module, autocast) -> None:
+    """model's forward under the autocast context `autocast`, its outputs in float32, as accelerate wraps it
+    (unwrap_model and get_state_dict take it off again through _original_forward)."""
+    from types import MethodType
+
+    from accelerate.utils import convert_outputs_to_fp32
+
+    model._original_forward = model.forward  # type: ignore[assignment]
+    model.forward = MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)  # type: ignore[method-assign]
+
+
 def ddp_kwargs(cfg: TrainConfig) -> DistributedDataParallelKwargs:
     """How DDP all-reduces gradients (docs/benchmarks.md, "DDP options", has what each setting buys)."""
     hooks = {

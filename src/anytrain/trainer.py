@@ -45,7 +45,7 @@ from .optim import build_optimizer, build_scheduler
 from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weights_fingerprint, write_json
 from .runfolder import check_run_folder, check_writable, start_run_folder
 from .runlock import RunLock, check_not_in_use
-from .scenario import describe, format_scenario, make_accelerator
+from .scenario import describe, format_scenario, make_accelerator, prepare
 from .tasks import META_KEY
 from .tasks.base import best_criterion, check_loss, evaluate, training_loss, user_loss_function
 from .tasks.contract import Task, exporter
@@ -301,7 +301,7 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     splits = [split for split in (data.train, data.validation, data.test) if split is not None]
     loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in splits]
     # Moves the model to the device, wraps it for DDP/FSDP, mixed precision, torch.compile; shards the loaders by rank.
-    model, optimizer, *loaders = accelerator.prepare(model, optimizer, *loaders)
+    model, optimizer, *loaders = prepare(accelerator, model, optimizer, *loaders)  # + FSDP2's autocast
     total_steps = count_steps(cfg, loaders[0])
     scheduler = build_scheduler(cfg.optim, optimizer, total_steps)
     described = {
