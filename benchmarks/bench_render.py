@@ -110,9 +110,7 @@ def gpu_table(gpu: dict | None) -> list[str]:
     columns = ("precision", "samples/s", "vs fp32", "peak memory", "model TFLOP/s", "MFU")
     if not (gpu and gpu.get("rows")):
         why = (gpu or {}).get("skipped") or "no CUDA device on this machine"
-        filled = "The table below is filled by `make bench` (or `python benchmarks/gpu_bench.py`) on any CUDA machine."
-        out += [f"Not run: {why}. {filled}", "", *head(*columns), "| fp32 | — | 1.00x | — | — | — |"]
-        return out + ["| bf16 | — | — | — | — | — |", "| fp16 | — | — | — | — | — |"]
+        return out + [f"Not run: {why}. A GPU run's figures (`scripts/gpu_truth.py`): [GPU](#gpu-item-5) below.", ""]
     out += head(*columns)
     for r in gpu["rows"]:
         speed = f"{fmt(r['samples_per_s'])} | {r['vs_fp32']:.2f}x | {r['peak_memory_gib']:.1f} GiB"

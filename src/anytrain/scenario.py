@@ -17,6 +17,7 @@ import signal
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import accelerate.optimizer
 import torch
@@ -104,8 +105,9 @@ def with_autocast(model: torch.nn.Module, autocast) -> None:
 
     from accelerate.utils import convert_outputs_to_fp32
 
-    model._original_forward = model.forward  # type: ignore[assignment]
-    model.forward = MethodType(convert_outputs_to_fp32(autocast(model.forward.__func__)), model)  # type: ignore[method-assign]
+    own: Any = model.forward  # a bound method: its function is wrapped and bound again, as accelerate does
+    model._original_forward = own  # type: ignore[assignment]
+    model.forward = MethodType(convert_outputs_to_fp32(autocast(own.__func__)), model)  # type: ignore[method-assign]
 
 
 def ddp_kwargs(cfg: TrainConfig) -> DistributedDataParallelKwargs:
