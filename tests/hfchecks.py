@@ -35,7 +35,7 @@ def big_batch(args: list[str], run_dir) -> tuple[dict, object]:
 
 def check_accumulation(args: list[str], reference, tmp_path, monkeypatch, task_class=None) -> tuple[float, float]:
     """4 x 4 accumulated equals 1 x 16 (weights, every logged loss); for a token-weighted task (task_class),
-    without its train_batches (each micro-batch a mean over its own tokens) it does not. Returns (difference,
+    without its step shares (each micro-batch a mean over its own tokens) it does not. Returns (difference,
     the control's difference, or None)."""
     one, one_dir = reference
     flags = ("--batch-size", "4", "--grad-accum-steps", "4", *STEPS)
@@ -48,7 +48,7 @@ def check_accumulation(args: list[str], reference, tmp_path, monkeypatch, task_c
     if task_class is None:  # a mean per sample: equal micro-batches already make the big batch's mean
         print(f"weights vs one batch of 16: 4 x 4 {diff:.2e}")
         return diff, None
-    monkeypatch.setattr(task_class, "train_batches", lambda self, batches, *_: batches)
+    monkeypatch.setattr(task_class, "step_shares", False)  # no share: each micro-batch its own mean
     in_process(tmp_path / "plain", *args, *flags)
     plain = max_abs_diff(load_model(tmp_path / "plain").state_dict(), load_model(one_dir).state_dict())
     assert plain > 20 * TOL and plain > 100 * diff, (plain, diff)

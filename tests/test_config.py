@@ -31,7 +31,7 @@ def test_defaults_are_the_dataclass_defaults():
 
 
 def test_every_option_lives_in_one_section_with_its_facts():
-    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "dpo", "multilabel"]
+    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "dpo", "grpo", "multilabel"]
     assert len({o.flag for o in OPTIONS.values()}) == len(OPTIONS)  # one flag each
     assert {o.section for o in OPTIONS.values()} == set(SECTIONS)
     cfg = TrainConfig(lr=0.05, model="cnn", hidden_sizes=[8], eval_every_steps=3, seed=7)

@@ -274,7 +274,7 @@ def test_dpo_accumulation_equals_one_big_batch_on_an_uneven_last_step(folders, o
     assert diff < TOL, diff
     # every step's logged loss, the 8th too: two micro-batches' shares of its 8 pairs, summed over 4 (step_shares)
     assert train_losses(tmp_path / "accum") == pytest.approx(train_losses(one_dir), rel=2e-6)
-    monkeypatch.setattr(DirectPreference, "train_batches", lambda self, batches, *_: batches)
+    monkeypatch.setattr(DirectPreference, "step_shares", False)
     in_process(tmp_path / "plain", *args(folders), *flags)
     plain = max_abs_diff(load_model(tmp_path / "plain").state_dict(), load_model(one_dir).state_dict())
     assert plain > 5 * TOL and plain > 100 * diff, (plain, diff)  # measured 2.5e-4 against 6.4e-7

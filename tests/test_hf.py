@@ -129,7 +129,7 @@ def test_token_weighted_accumulation_equals_one_big_batch(folders, big_batch, tm
     assert losses[0] == pytest.approx(losses[1], abs=WEIGHT_TOL)
     assert accum["val_loss"] == pytest.approx(one["val_loss"], abs=HF_TOL)
     # the control: without the step's token count each micro-batch is a mean of its own (the bug)
-    monkeypatch.setattr(HFCausalLM, "train_batches", lambda self, batches, *_: batches)
+    monkeypatch.setattr(HFCausalLM, "step_shares", False)
     in_process(tmp_path / "plain", *lm_args(folders, *flags))
     plain = max_abs_diff(load_model(tmp_path / "plain").state_dict(), load_model(one_dir).state_dict())
     assert plain > 100 * HF_TOL, plain

@@ -22,7 +22,8 @@ from anytrain import load_model
 
 TASK = textwrap.dedent(
     '''
-    """Cross-entropy with label smoothing: a classification task of one's own, with its own option."""
+    """Cross-entropy with label smoothing, each class weighted by its running loss (the classes it gets wrong count
+    more): a classification task of one's own, with its own option, its own step and state kept across a kill."""
     import json
     from dataclasses import dataclass
 
@@ -58,6 +59,30 @@ TASK = textwrap.dedent(
 
         def loss(self, outputs, targets):
             return F.cross_entropy(outputs, targets, label_smoothing=self.cfg.section("smoothed").smoothing)
+
+        def on_run_start(self, ctx):
+            self.running = [1.0] * self.data.num_classes  # each class's running mean loss
+
+        def train_step(self, ctx, batch):
+            inputs, targets = batch
+            smoothing = self.cfg.section("smoothed").smoothing
+            losses = F.cross_entropy(ctx.forward(inputs, targets), targets, reduction="none", label_smoothing=smoothing)
+            k = len(self.running)
+            sums = torch.zeros(2, k, device=losses.device)
+            sums[0].index_add_(0, targets, losses.detach())
+            sums[1].index_add_(0, targets, torch.ones_like(losses))
+            sums = ctx.accelerator.reduce(sums, "sum")  # over every rank's batch: the same weights everywhere
+            running = torch.tensor(self.running, device=losses.device)
+            seen = sums[1] > 0
+            running[seen] = 0.9 * running[seen] + 0.1 * sums[0][seen] / sums[1][seen]
+            self.running = running.tolist()
+            return (losses * (running / running.mean())[targets]).mean()
+
+        def state_dict(self):
+            return {"running": self.running}
+
+        def load_state_dict(self, state):
+            self.running = state["running"]
 
         def per_sample(self, outputs, targets):
             hits = (outputs.argmax(-1) == targets).float()
@@ -138,9 +163,13 @@ def test_its_option_changes_the_loss_and_the_resume_check_knows_it(files, one_an
 
 
 def test_an_own_task_resumes_bit_identically_after_a_real_kill(files, tmp_path):
+    """Its own step and its state (each class's running loss, in every checkpoint's progress.json) included."""
     reference, victim = kill_and_resume(tmp_path, args(files, 32), kill_step=20)
     a, b = read_summary(reference), read_summary(victim)
     assert a["last_weights_sha256"] == b["last_weights_sha256"] and a["test_accuracy"] == b["test_accuracy"]
+    latest = victim / "checkpoints" / (victim / "checkpoints" / "latest").read_text().strip()
+    saved = json.loads((latest / "progress.json").read_text())["task"]["running"]
+    assert len(saved) == 3 and saved != [1.0] * 3 and all(0 < loss < 5 for loss in saved)  # the step moved it
 
 
 def test_an_own_task_predicts_and_a_moved_file_is_said(files, one_and_two_ranks, tmp_path):

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,10 @@ from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weigh
 from .runfolder import check_run_folder, check_writable, start_run_folder
 from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator, prepare
+from .shares import step_shares
 from .tasks import META_KEY
 from .tasks.base import best_criterion, check_loss, evaluate, training_loss, user_loss_function
-from .tasks.contract import Task, exporter
+from .tasks.contract import RunContext, Task, exporter
 from .tasks.settle import Settled, load
 from .usermodel import forward_for, model_name
 
@@ -200,8 +201,7 @@ class Parts:
     task: Task
     data: Splits
     model: nn.Module
-    forward: Callable  # how the loop calls the model (usermodel.forward_for)
-    criterion: Callable  # the training loss (tasks.base.training_loss)
+    context: RunContext  # what a task's step is given: the model, how the loop calls it, the training loss
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     train_loader: Any  # accelerate's DataLoaderShard (or a dispatcher for a stream)
@@ -296,27 +296,37 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
         check_loss(criterion, model, task, data.shape, forward, who)  # scalar, finite, requires grad: before step 1
     check_writable(run_dir)  # the first write: nothing above may leave anything behind
     take_lock(accelerator, lock)
+    if pointer_warning:
+        accelerator.print(f"anytrain: WARNING: {pointer_warning}")
+    context = RunContext(accelerator, model, cfg, run_dir, forward, criterion)
+    return prepare_parts(context, task, data, settled.reason, resume_from)
 
+
+def prepare_parts(context: RunContext, task: Task, data: Splits, reason: str, resume_from: Path | None) -> Parts:
+    """Optimizer, loaders and schedule; the model and loaders prepared by accelerate; the task's start; a resumed
+    run's checkpoint loaded; the run folder (re)started."""
+    cfg, accelerator, model = context.cfg, context.accelerator, context.model
     optimizer = build_optimizer(cfg.optim, model, accelerator.device.type)
     splits = [split for split in (data.train, data.validation, data.test) if split is not None]
     loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in splits]
     # Moves the model to the device, wraps it for DDP/FSDP, mixed precision, torch.compile; shards the loaders by rank.
     model, optimizer, *loaders = prepare(accelerator, model, optimizer, *loaders)  # + FSDP2's autocast
+    context = replace(context, model=model)
     total_steps = count_steps(cfg, loaders[0])
     scheduler = build_scheduler(cfg.optim, optimizer, total_steps)
     described = {
-        "task_reason": settled.reason,
+        "task_reason": reason,
         "model": model_name(cfg.model, data.shape),
         "num_workers": loader_workers(data.train, cfg),
         **task.describe_data(model_of(accelerator, model)),
     }
     progress = Progress(config=cfg.to_dict(), data=described)
+    task.on_run_start(context)  # what the task prepares once, from the starting weights (a reference, a copy)
     if resume_from is not None:
-        if pointer_warning:
-            accelerator.print(f"anytrain: WARNING: {pointer_warning}")
         state = load_checkpoint(accelerator, resume_from, cfg, task.positions(cfg))  # model, optimizer, RNG states
         progress.load_state_dict(state["progress"])
         scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
+        task.load_state_dict(state.get("task", {}))  # what the task keeps across a kill
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
     open_run_folder(cfg, accelerator, progress.step if resume_from else None, data.files)
     test_loader = loaders[2] if len(loaders) > 2 else None
@@ -326,8 +336,7 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
         task,
         data,
         model,
-        forward,
-        criterion,
+        context,
         optimizer,
         scheduler,
         train_loader=loaders[0],
@@ -399,13 +408,14 @@ class Loop:
                 model_of(accelerator, parts.model), parts.resume_from, parts.progress.best_step, parts.progress.step
             )
         self.skipped_steps = 0  # fp16 overflows: optimizer steps without an update
+        self.figures: dict = {}  # the task's own figures of the first and the last log line (summary.json)
         self.scale = accelerator.scaler.get_scale() if accelerator.scaler is not None else None  # fp16's loss scale
 
     def run(self) -> int | None:
         """Train until the epochs or --max-steps run out or early stopping says stop; returns the
         epoch at which early stopping stopped the run, None when it did not."""
         cfg, parts, progress, accelerator = self.cfg, self.parts, self.parts.progress, self.parts.accelerator
-        model, forward, criterion, optimizer = parts.model, parts.forward, parts.criterion, parts.optimizer
+        model, task, optimizer = parts.model, parts.task, parts.optimizer
         log_every, save_every = cfg.run.log_every_steps, cfg.run.checkpoint_every_steps
         eval_every, clip = cfg.eval.eval_every_steps, cfg.optim.max_grad_norm
         epoch_length = epoch_batches(parts.train_loader) or math.inf  # a stream's epoch ends when it runs out
@@ -413,18 +423,17 @@ class Loop:
         for epoch in range(progress.epoch, cfg.optim.epochs if progress.step < parts.total_steps else 0):
             progress.epoch, validated_at, ran_out = epoch, None, True
             model.train()
-            for inputs, targets in self.batches(epoch):
+            for batch, ctx in self.batches(epoch):
                 with accelerator.accumulate(model):  # all-reduced and applied once per grad_accum_steps batches
-                    outputs = forward(model, inputs, targets)  # model(inputs), + targets if it computes its loss
-                    loss = criterion(outputs, targets)  # the model's own loss, else --loss or the task's
+                    loss = task.train_step(ctx, batch)  # by default: the forward pass, then the loss
                     accelerator.backward(loss)  # scales the loss under fp16 and divides it for accumulation
                     if accelerator.sync_gradients and clip:
                         accelerator.clip_grad_norm_(model.parameters(), clip)  # unscales first under fp16
                     optimizer.step()  # a no-op until the accumulation cycle is complete
                     optimizer.zero_grad()
-                del outputs  # the logits (batch x length x vocabulary for an LM): not held through the next forward
                 self.window.add(progress.step + 1, loss.detach())
-                self.speed.add(len(targets) * accelerator.num_processes, targets.numel() * accelerator.num_processes)
+                samples, tokens = task.batch_counts(batch)
+                self.speed.add(samples * accelerator.num_processes, tokens * accelerator.num_processes)
                 progress.batches_done += 1
                 if not accelerator.sync_gradients:
                     continue  # inside an accumulation cycle: no optimizer step yet
@@ -454,14 +463,22 @@ class Loop:
         return epoch if stop_early else None
 
     def batches(self, epoch: int):
-        """This epoch's training batches. The shuffle order and the images' augmentation are functions of
-        (seed, epoch), the same on every rank, so a resumed epoch skips exactly the batches it trained on."""
-        loader = self.parts.train_loader
+        """This epoch's training batches, each with its RunContext (the step it belongs to, its share of it). The
+        shuffle order and the images' augmentation are functions of (seed, epoch), the same on every rank, so a
+        resumed epoch skips exactly the batches it trained on."""
+        parts, progress = self.parts, self.parts.progress
+        loader = parts.train_loader
         loader.set_epoch(epoch)  # the sampler's order (accelerate's seedable sampler)
-        self.parts.data.train.set_epoch(epoch)  # the augmentation (accelerate only tells the sampler)
-        done = self.parts.progress.batches_done
-        batches = self.parts.accelerator.skip_first_batches(loader, done) if done else loader
-        return self.parts.task.train_batches(batches, loader, epoch, done)  # a transformers LM: its token counts
+        parts.data.train.set_epoch(epoch)  # the augmentation (accelerate only tells the sampler)
+        shares = None
+        if parts.task.step_shares:  # each batch's share of its step's count (a transformers LM: target tokens)
+            counts = parts.task.step_counts(epoch)
+            shares = step_shares(parts.accelerator, loader, epoch, counts, self.cfg.optim.grad_accum_steps)
+        done = progress.batches_done
+        batches = parts.accelerator.skip_first_batches(loader, done) if done else loader
+        for k, batch in enumerate(batches, start=done):
+            share = None if shares is None else shares[k]
+            yield batch, replace(parts.context, epoch=epoch, step=progress.step, share=share)
 
     def step_done(self) -> None:
         """An optimizer step is complete: advance the schedule (unless fp16 skipped the update), the count, the bar."""
@@ -490,6 +507,8 @@ class Loop:
         self.check_finite(mean_loss)
         rates = self.parts.task.rates(*self.speed.take_window())
         lr = self.parts.scheduler.get_last_lr()[0]
+        figures = self.parts.task.train_figures(self.parts.accelerator)  # the task's own (grpo: rewards), collective
+        self.figures = {"first": self.figures.get("first") or figures, "last": figures} if figures else self.figures
         self.log.write(
             kind="train",
             step=progress.step,
@@ -498,6 +517,7 @@ class Loop:
             lr=lr,
             **rates,
             skipped_steps=self.skipped_steps,
+            **figures,
         )
         self.bar.set_postfix(
             loss=f"{mean_loss:.4f}", **{k.removesuffix("_per_s") + "/s": f"{v:,.0f}" for k, v in rates.items() if v}
@@ -526,7 +546,7 @@ class Loop:
         progress, accelerator, model = self.parts.progress, self.parts.accelerator, self.parts.model
         with self.speed.paused():
             result = evaluate(
-                model, self.parts.val_loader, self.parts.task, accelerator.gather_for_metrics, self.parts.forward
+                model, self.parts.val_loader, self.parts.task, accelerator.gather_for_metrics, self.parts.context.call
             )
             model.train()
         self.val = {k: v for k, v in result.items() if k != "samples"}
@@ -572,7 +592,7 @@ class Loop:
         if parts.test_loader is None:
             return {}
         result = evaluate(
-            parts.model, parts.test_loader, parts.task, parts.accelerator.gather_for_metrics, parts.forward
+            parts.model, parts.test_loader, parts.task, parts.accelerator.gather_for_metrics, parts.context.call
         )
         test = {k: v for k, v in result.items() if k != "samples"}
         self.log.write(kind="eval", split="test", step=parts.progress.step, epoch=max(epochs_completed - 1, 0), **test)
@@ -592,7 +612,7 @@ class Loop:
             schedule = {
                 k: v for k, v in self.parts.scheduler.state_dict().items() if k != "lr_lambdas"
             }  # plain numbers
-            state = {"progress": progress.state_dict(), "scheduler": schedule}
+            state = {"progress": progress.state_dict(), "scheduler": schedule, "task": self.parts.task.state_dict()}
             return save_checkpoint(
                 accelerator,
                 Path(self.cfg.run.output_dir),
@@ -662,6 +682,7 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
         "wall_time_s": time.perf_counter() - started,
         "task": task.name,
         "dataset": parts.data.source,
+        **{f"train_{when}": figures for when, figures in loop.figures.items()},  # the task's own, first and last
         **progress.data,
         "scenario": outcome["scenario"],
     }

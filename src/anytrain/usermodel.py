@@ -135,15 +135,21 @@ def targets_keyword(model: nn.Module) -> str | None:
 
 
 def forward_for(model: nn.Module, pass_targets: bool = True) -> Callable:
-    """How the loop calls this model: model(inputs), or model(inputs, labels=targets) for one that takes them
-    (unless the task computes the loss itself, pass_targets=False); a dict of inputs (transformers' batches)
-    is passed as keyword arguments. Decided once, on the unwrapped model, so the loop holds no branch for it."""
+    """How the loop calls this model, `forward(model, inputs, targets, share=None)`: model(inputs), or
+    model(inputs, labels=targets) for one that takes them (unless the task computes the loss itself,
+    pass_targets=False), then also given `num_items_in_batch=share` when the batch has a share of its step
+    (transformers' convention: its loss is the sum over the targets divided by it); a dict of inputs
+    (transformers' batches) is passed as keyword arguments. Decided once, on the unwrapped model, so the loop
+    holds no branch for it."""
     keyword = targets_keyword(model) if pass_targets else None
     if keyword is None:
-        return lambda m, inputs, targets: m(**inputs) if isinstance(inputs, dict) else m(inputs)
-    return lambda m, inputs, targets: (
-        m(**inputs, **{keyword: targets}) if isinstance(inputs, dict) else m(inputs, **{keyword: targets})
-    )
+        return lambda m, inputs, targets, share=None: m(**inputs) if isinstance(inputs, dict) else m(inputs)
+
+    def forward(m, inputs, targets, share=None):
+        extra = {keyword: targets} if share is None else {keyword: targets, "num_items_in_batch": share}
+        return m(**inputs, **extra) if isinstance(inputs, dict) else m(inputs, **extra)
+
+    return forward
 
 
 def check_outputs(model: nn.Module, shape: DataShape, label: str, targets: torch.Tensor | None = None) -> None:

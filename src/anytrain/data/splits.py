@@ -21,7 +21,10 @@ from ..shape import DataShape
 class Rows(Dataset):
     """One split, as the loop reads it: every split a task's data loading returns is one (map-style rows read
     through a DataLoader, or a stream of batches). The loop tells it each epoch; it says how many DataLoader
-    workers --num-workers auto gives it."""
+    workers --num-workers auto gives it, and whether the loader shuffles its rows (False: they order themselves
+    each epoch, as grpo's rollout slots do)."""
+
+    shuffled = True
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch's own random draws (image augmentation, masks); none by default (the sampler shuffles)."""
@@ -160,6 +163,7 @@ def make_loader(data: Rows, cfg: TrainConfig, shuffle: bool) -> DataLoader:
         return DataLoader(
             data, batch_size=None, num_workers=workers, pin_memory=cfg.data.pin_memory, persistent_workers=persistent
         )
+    shuffle = shuffle and data.shuffled
     return DataLoader(
         data,
         batch_size=cfg.optim.batch_size,

@@ -13,6 +13,7 @@ per task.
     hf:sft       hf_sft/         a transformers causal LM on chats (loss on the answers); exact match by generation
     hf:dpo       dpo/            a transformers causal LM on preference pairs: DPO, IPO, SimPO, ORPO; reward accuracy
     hf:reward    reward/         a transformers sequence classifier, one output, on preference pairs; pairwise accuracy
+    hf:grpo      grpo/           a transformers causal LM on prompts, rewarded by functions: GRPO, DAPO, GSPO; reward
     hf:classify-images  hf_image/    a transformers vision model with its image processor (--task classify on images)
 
 A task subclasses contract.Task (the enforced contract: each class is checked here, once). The registry is
@@ -51,6 +52,7 @@ REGISTRY: dict[str, Line] = {
     "hf:sft": Line("sft", "hf_sft:SupervisedFineTuning"),
     "hf:dpo": Line("dpo", "dpo.task:DirectPreference", "dpo.options:DPOOptions"),
     "hf:reward": Line("reward", "reward.task:RewardModel"),
+    "hf:grpo": Line("grpo", "grpo.task:GroupRelative", "grpo.options:GRPOOptions"),
     "multilabel": Line("multilabel", "multilabel.task:MultiLabel", "multilabel.options:MultiLabelOptions"),
     "regress": Line("regress", "regress:Regression"),
     "classify": Line("classify", "classify:Classification"),

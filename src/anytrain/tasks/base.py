@@ -35,12 +35,19 @@ def best_criterion(task: Task) -> Criterion:
 
 
 def training_loss(task: Task, user_loss: Callable | None = None) -> Callable:
-    """The loss the loop trains on: the model's own when it returns one, else `--loss` or the task's."""
-    base = user_loss or task.loss
+    """The loss the loop trains on, `loss(outputs, targets, share=None)`: the model's own when it returns one,
+    else `--loss`, else the task's: Task.loss, or for a batch with a step share (Task.step_shares)
+    Task.loss_sum divided by it."""
 
-    def loss(outputs, targets):
+    def loss(outputs, targets, share=None):
         own = loss_of(outputs)
-        return own if own is not None else base(logits_of(outputs), targets)
+        if own is not None:
+            return own
+        if user_loss is not None:
+            return user_loss(logits_of(outputs), targets)
+        if share:  # a step_shares task: its sum over the batch's counted items, over the batch's share of the step
+            return task.loss_sum(logits_of(outputs), targets) / share
+        return task.loss(logits_of(outputs), targets)
 
     return loss
 

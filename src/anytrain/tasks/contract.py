@@ -1,7 +1,8 @@
 """The contract between the loop and a task: `Task`, its required methods (abstract: a task missing one
 is refused when it is registered, in one line that names the method), the defaults every task may keep,
-and the optional capabilities a task declares in `offers`. Whatever refuses a capability (predict on a
-run that cannot, --packing for a classifier) asks `offered` here: there are no refusal stubs.
+the run context a task's step is given (`RunContext`), and the optional capabilities a task declares in
+`offers`. Whatever refuses a capability (predict on a run that cannot, --packing for a classifier) asks
+`offered` here: there are no refusal stubs.
 
     class Task(contract.Task):
         name = "smooth"                                  # what the start-up line and summary.json call it
@@ -9,7 +10,7 @@ run that cannot, --packing for a classifier) asks `offered` here: there are no r
         headline = "accuracy"                            # the best weights' and early stopping's metric
         offers = frozenset({"predict"})                  # + predict_inputs, predict_batch
         options = SmoothOptions                          # its own option() fields: flags, YAML, resume check
-        step_shares = False                              # True: train_batches makes a batch's loss its step's share
+        step_shares = False                              # True: its loss is loss_sum over the batch's step share
 
         def load_data(self, given=None) -> Splits        # read, check, split (data.splits.Splits)
         def build_model(self, given=None) -> nn.Module   # the model to train
@@ -19,23 +20,32 @@ run that cannot, --packing for a classifier) asks `offered` here: there are no r
         def metrics(self, sums, count) -> dict           # the split's metrics from the summed statistics
         def example_targets(self, shape, batch)          # targets to check a model and a loss on
 
+        def train_step(self, ctx, batch) -> Tensor       # one batch's loss; by default forward, then loss
+        def on_run_start(self, ctx)                      # once, before step 1: what the task prepares
+        def state_dict(self) / load_state_dict(state)    # what it keeps across a kill (in the checkpoint)
+
 The loop, predict, sample and reload call nothing else on a task.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..best import LOWER
 from ..config import ConfigError, TrainConfig
-from ..data.splits import Splits
+from ..data.splits import Splits, targets_of
 from ..shape import DataShape
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 # capability -> the methods a task that offers it defines (beyond the required ones)
 CAPABILITIES: dict[str, tuple[str, ...]] = {
@@ -57,6 +67,35 @@ WHAT = {
 ASKED_BY = {"packing": "packing", "lora": "lora_r", "streaming": "streaming"}  # capability -> the option asking for it
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What the loop gives a task's step and lifecycle methods: the run's accelerator, the prepared model (inside
+    accelerate's wrappers: DDP, FSDP, torch.compile, autocast; call it through `forward` so that gradients
+    synchronise), the settled config and run folder, and where the run is. `share`, for a task with step_shares,
+    is this batch's share of its optimizer step's count (step_counts over processes x accumulation steps); a loss
+    that divides its sum by it makes the step's gradient that of the mean over the whole step, on any number of
+    ranks and accumulation steps. None for other tasks and outside a step."""
+
+    accelerator: Accelerator
+    model: nn.Module
+    cfg: TrainConfig
+    run_dir: Path
+    call: Callable[..., Any]  # how the loop calls the model (usermodel.forward_for): use forward()
+    criterion: Callable[..., torch.Tensor]  # the loop's training loss (tasks.base.training_loss): use loss()
+    epoch: int = 0
+    step: int = 0  # optimizer steps done before this batch
+    share: float | None = None
+
+    def forward(self, inputs, targets: torch.Tensor | None = None):
+        """The model's outputs for a batch: model(inputs), + the targets when it computes its own loss, + the
+        batch's share (num_items_in_batch) when it has one."""
+        return self.call(self.model, inputs, targets, self.share)
+
+    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+        """The training loss of a batch's outputs: the model's own, else --loss, else Task.loss (with the share)."""
+        return self.criterion(outputs, targets, self.share)
+
+
 class Task(abc.ABC):
     """What the trainer, `anytrain predict`, `anytrain sample` and load_model ask of a task. A task is made
     with the settled config, `Task(cfg)`; after load_data it keeps what it derived from the data (a
@@ -68,7 +107,7 @@ class Task(abc.ABC):
     offers: ClassVar[frozenset[str]] = frozenset()  # its optional capabilities (CAPABILITIES)
     options: ClassVar[type | None] = None  # a frozen dataclass of config.option() fields: its own section
     targets_to_model: ClassVar[bool] = True  # the targets go to a model whose forward takes them (its own loss)
-    step_shares: ClassVar[bool] = False  # train_batches makes each batch's loss its share of its step's loss
+    step_shares: ClassVar[bool] = False  # the loop gives each batch its share of its step's count (ctx.share)
     hints: ClassVar[dict[str, str]] = {}  # capability -> what to use instead, said with its refusal
     losses: ClassVar[tuple[str, ...]] = ()  # the built-in --loss names it also trains with (mse, huber)
 
@@ -101,9 +140,45 @@ class Task(abc.ABC):
     def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor: ...  # to check a model, a loss
 
     # --------------------------------------------------------------------------- defaults
-    def train_batches(self, batches: Iterable, loader, epoch: int, skipped: int) -> Iterable:
-        """The training batches as the loop draws them; a task may add per-step facts (token counts)."""
-        return batches
+    def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
+        """One training batch's loss, the scalar the loop hands to backward (which also divides it for gradient
+        accumulation): by default the forward pass, then the loss. A task whose step is not that (generation,
+        scoring, several forward passes) overrides it; the model must be called through ctx.forward (its
+        wrappers synchronise the gradients)."""
+        inputs, targets = batch
+        return ctx.loss(ctx.forward(inputs, targets), targets)
+
+    def loss_sum(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+        """step_shares tasks (required there): the training loss summed over the batch's counted items (target
+        tokens, pairs); the loop divides it by the batch's share of its step. `loss` is it over their count."""
+        raise NotImplementedError(f"task {self.name}: step_shares needs loss_sum")
+
+    def step_counts(self, epoch: int) -> np.ndarray:
+        """step_shares tasks: what each training row counts for in its step's mean (target tokens, pairs)."""
+        return targets_of(self.data.train)
+
+    def batch_counts(self, batch) -> tuple[int, int]:
+        """(samples, tokens) this rank trained on in a batch, for the throughput figures."""
+        _, targets = batch
+        return len(targets), targets.numel()
+
+    def train_figures(self, accelerator: Accelerator) -> dict[str, float | None]:
+        """The task's own figures for a training log line (and summary.json's first and last), since the last line:
+        every process calls this together, so it may reduce over them. None by default: no figures."""
+        return {}
+
+    def on_run_start(self, ctx: RunContext) -> None:
+        """Once per launch, before the first step: the model is prepared and holds its starting weights (a
+        resumed run's checkpoint is loaded after this), the run folder exists (locked). What a task prepares
+        once: a cache of reference outputs, a frozen copy, a generator."""
+
+    def state_dict(self) -> dict:
+        """What the task keeps across a kill: JSON values, the same on every rank (a checkpoint's progress.json
+        holds them), restored by load_state_dict before a resumed run's first step."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict returned (a resumed run)."""
 
     def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
         """Per-sample statistics of one evaluation batch: of the forward pass (a generating task also generates)."""
@@ -227,5 +302,7 @@ def check(cls: type, who: str) -> None:
         for method in CAPABILITIES[capability]:
             if not callable(getattr(cls, method, None)):
                 raise ConfigError(f"{who}: {cls.__name__} offers {capability} but does not define {method}")
+    if cls.step_shares and cls.loss_sum is Task.loss_sum:
+        raise ConfigError(f"{who}: {cls.__name__} has step_shares but does not define loss_sum")
     if cls.headline not in cls.goals or "loss" not in cls.goals:
         raise ConfigError(f"{who}: {cls.__name__}.goals must name 'loss' and its headline '{cls.headline}'")

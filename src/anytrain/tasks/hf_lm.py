@@ -1,7 +1,8 @@
 """lm with a transformers model: AutoModelForCausalLM, one text per sequence, padded; padded positions
 get the label -100. The loss (fused with the output layer: lmhead.py) is the mean over every target token
-of the optimizer step's global batch, whatever the number of ranks or accumulation steps
-(transformers.token_weighted); validation and test loss are the mean over every target token of the split.
+of the optimizer step's global batch, whatever the number of ranks or accumulation steps (the loop gives the
+model the batch's share of them as num_items_in_batch); validation and test loss are the mean over every
+target token of the split.
 `anytrain sample` uses the model's generate; `anytrain predict` scores texts: each text's mean next-token loss,
 its perplexity and the number of tokens it predicts."""
 
@@ -13,23 +14,26 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..data.splits import targets_of
 from ..hf import Head
 from ..shape import IGNORE, DataShape
 from ..usermodel import logits_of
 from .lm import LanguageModel
-from .transformers import Transformers, token_sums, token_weighted, with_row_loss
+from .transformers import Transformers, token_sums, with_row_loss
 
 
 class HFCausalLM(Transformers, LanguageModel):
     offers = frozenset({"export", "sample", "packing", "lora", "predict"})  # predict: each text's loss
     head = Head("AutoModelForCausalLM", "causal-LM", loss_type="ForCausalLM")
-    step_shares = True  # train_batches: transformers' loss over the step's share of target tokens
+    step_shares = True  # the model's own loss: its sum over the batch's share of the step's target tokens
 
     def texts(self) -> dict:
         from ..data.text import lm_column
 
         return {"column": lm_column(self.cfg), "whole": True}
+
+    def loss_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The next-token loss summed over the targets: what the model's own loss is, given num_items_in_batch."""
+        return token_sums(outputs[:, :-1].float(), targets[:, 1:])["token_loss"].sum()
 
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         sums = getattr(outputs, "row_stats", None)  # the fused loss's (lmhead.py): no logits were made
@@ -44,10 +48,6 @@ class HFCausalLM(Transformers, LanguageModel):
 
     def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
         return shape.example_inputs(batch)
-
-    def train_batches(self, batches, loader, epoch: int, skipped: int):
-        per_row = targets_of(self.data.train)  # every token of a text but its first
-        return token_weighted(batches, loader, epoch, skipped, per_row, self.cfg.optim.grad_accum_steps)
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
         """The run's text column, tokenised by its tokenizer as in training (truncated at --max-length), each

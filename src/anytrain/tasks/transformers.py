@@ -7,7 +7,6 @@ run_dir/hf at the end, predict tokenising with that folder's tokenizer, and the 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -17,7 +16,7 @@ from torch.nn import functional as F
 from .. import lora
 from ..best import HIGHER, LOWER
 from ..config import TrainConfig
-from ..data.splits import Splits, targets_of
+from ..data.splits import Splits
 from ..hf import Head
 from ..shape import IGNORE, DataShape
 from ..usermodel import logits_of
@@ -165,44 +164,6 @@ class Transformers(Task):
         return predict_hf_texts(dataset, columns, tokenizer_of_run(folder), shape.max_length)
 
 
-def step_shares(loader, epoch: int, per_row, accum: int) -> list[float]:
-    """For each of this epoch's batches (by index), the global count of target tokens in its optimizer step
-    over (processes x accumulation steps). The counts come from the epoch's batch indices (the sampler is a
-    function of seed and epoch) and `per_row` (target tokens per training row), with one all-reduce per
-    epoch: no batch is read ahead."""
-    from accelerate.state import PartialState
-    from accelerate.utils import reduce
-
-    state = PartialState()
-    loader.set_epoch(epoch)
-    per_batch = [int(per_row[list(indices)].sum()) for indices in loader.batch_sampler]
-    loader.set_epoch(epoch)  # iterating the sampler moved it on
-    steps = torch.zeros(math.ceil(len(per_batch) / accum), dtype=torch.float64)
-    for k, count in enumerate(per_batch):
-        steps[k // accum] += count
-    if state.num_processes > 1:
-        steps = reduce(steps.to(state.device), "sum").cpu()
-    return [steps[k // accum].item() / (state.num_processes * accum) for k in range(len(per_batch))]
-
-
-def token_weighted(batches, loader, epoch: int, skipped: int, per_row, accum: int):
-    """Each batch's inputs get `num_items_in_batch` (its step's share, step_shares), so that transformers'
-    loss is the sum over its target tokens divided by it. accelerator.backward divides by the accumulation
-    steps and DDP averages over processes, so the step's gradient is that of the mean over all its tokens."""
-    shares = step_shares(loader, epoch, per_row, accum)
-    for k, (inputs, targets) in enumerate(batches, start=skipped):
-        yield {**inputs, "num_items_in_batch": shares[k]}, targets
-
-
-def with_shares(task, batches, loader, epoch: int, skipped: int, per_row):
-    """The batches, each setting `task.share` (its step's share of the targets: step_shares, from `per_row`, the
-    training rows' target counts) before it is yielded: the loss the task computes for it divides its sum by it."""
-    shares = step_shares(loader, epoch, per_row, task.cfg.optim.grad_accum_steps)
-    for k, batch in enumerate(batches, start=skipped):
-        task.share = shares[k]  # the loss of this batch, computed before the next one is drawn
-        yield batch
-
-
 def token_sums(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per row of (B, T, V) logits and (B, T) targets (IGNORE: none): summed loss, target tokens, correct ones."""
     losses = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE, reduction="none")
@@ -223,20 +184,14 @@ class TokenWeighted(Transformers):
     steps. Evaluation: the mean over every target token of the split, and the accuracy of its tokens."""
 
     targets_to_model = False
-    step_shares = True  # train_batches: each batch's loss over its step's share of target tokens
+    step_shares = True  # the loss: loss_sum over the batch's share of its step's target tokens (ctx.share)
     goals = {"loss": LOWER, "accuracy": HIGHER}
-    share: float | None = None  # the current training batch's step share (train_batches sets it)
 
-    def targets_per_row(self, epoch: int):
-        """Target tokens of each training row in this epoch (numpy)."""
-        return targets_of(self.data.train)
-
-    def train_batches(self, batches, loader, epoch: int, skipped: int):
-        return with_shares(self, batches, loader, epoch, skipped, self.targets_per_row(epoch))
+    def loss_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        total = F.cross_entropy(outputs.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
-        return total / (self.share or (targets != IGNORE).sum().clamp(min=1))
+        return self.loss_sum(outputs, targets) / (targets != IGNORE).sum().clamp(min=1)
 
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         return with_row_loss(token_sums(logits_of(outputs).float(), targets))

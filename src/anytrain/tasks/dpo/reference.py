@@ -56,27 +56,23 @@ def write(run_dir: Path, logps: dict[str, torch.Tensor], digest: str) -> None:
 
 
 @torch.no_grad()
-def compute(model: nn.Module, rows, batch_size: int) -> torch.Tensor:
-    """(pairs, 2) float32: each pair's chosen and rejected log-probability under the model; each rank computes
-    every num_processes-th batch, and the ranks' shares are gathered."""
-    from accelerate.state import AcceleratorState, PartialState
+def compute(accelerator, model: nn.Module, rows, batch_size: int) -> torch.Tensor:
+    """(pairs, 2) float32: each pair's chosen and rejected log-probability under the model (in the run's
+    precision: accelerator.autocast); each rank computes every num_processes-th batch, and the ranks' shares are
+    gathered."""
     from accelerate.utils import gather_object
 
-    state = PartialState()
-    precision = AcceleratorState().mixed_precision if AcceleratorState._shared_state else "no"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    autocast = dtype is not None and (state.device.type != "cpu" or dtype == torch.bfloat16)
     was_training = model.training
     model.eval()
-    starts = list(range(0, len(rows), batch_size))[state.process_index :: state.num_processes]
+    starts = list(range(0, len(rows), batch_size))[accelerator.process_index :: accelerator.num_processes]
     mine = []
     for start in starts:
         indices = list(range(start, min(start + batch_size, len(rows))))
         inputs = rows.padded_batch(rows.sequences(indices))
-        with torch.autocast(state.device.type, dtype=dtype or torch.float32, enabled=autocast):
-            table = model(**{k: v.to(state.device) for k, v in inputs.items()})
+        with accelerator.autocast():
+            table = model(**{k: v.to(accelerator.device) for k, v in inputs.items()})
         mine.append((start, table[:, 0].view(2, -1).T.float().cpu()))
-    items = gather_object(mine) if state.num_processes > 1 else mine  # every rank's (start, values), in rank order
+    items = gather_object(mine) if accelerator.num_processes > 1 else mine  # every rank's (start, values), in order
     model.train(was_training)
     found = dict(items)
     return torch.cat([found[start] for start in sorted(found)]) if found else torch.zeros(0, 2)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,11 +21,11 @@ from torch import nn
 
 from ...best import HIGHER, LOWER
 from ...config import ConfigError, TrainConfig
-from ...data.splits import Splits, targets_of
+from ...data.splits import Splits
 from ...shape import DataShape
 from ...usermodel import logits_of
+from ..contract import RunContext
 from ..hf_sft import SupervisedFineTuning
-from ..transformers import with_shares
 from . import logprobs, reference
 from .losses import LOSSES, Pairs
 from .options import REFERENCE_FREE, DPOOptions
@@ -49,7 +48,6 @@ class DirectPreference(SupervisedFineTuning):
     options = DPOOptions
     targets_to_model = False  # the targets are the cached reference log-probabilities; labels go in the inputs
     hints = {"predict": "it answers prompts with `anytrain sample RUN --prompt ...`"}
-    share: float | None = None  # the current training batch's share of its step's pairs
 
     @classmethod
     def detect(cls, source) -> str | None:
@@ -80,7 +78,6 @@ class DirectPreference(SupervisedFineTuning):
             self.reference = "adapter" if cfg.model.lora_r else "cached"
         else:
             self.reference = o.reference
-        self.cache: tuple[str, dict] | None = None  # (key, log-probabilities) to write when the run folder opens
 
     def load_data(self, given=None) -> Splits:
         rows, form = load_pairs(self, given)
@@ -104,44 +101,34 @@ class DirectPreference(SupervisedFineTuning):
 
             say = PartialState().print
             model = lora.wrap(model, lora.settings(self.cfg), self.head.auto_class, lambda s: say(f"anytrain: {s}"))
-        if self.reference == "cached":
-            self.cache_reference(model)
         return model
 
-    def cache_reference(self, model: nn.Module) -> None:
-        """Every split's reference log-probabilities: read back from the run folder when the key matches (a
-        resumed run), else computed now; given to the splits' rows, whose batches carry them as targets."""
-        from accelerate.state import AcceleratorState, PartialState
-
-        precision = AcceleratorState().mixed_precision if AcceleratorState._shared_state else "no"
-        digest = reference.key(model, self.data, precision, self.cfg.data.max_length)
-        run_dir = Path(self.cfg.run.output_dir)
-        found = reference.read(run_dir, digest) if self.cfg.run.resume else None
-        say = PartialState().print
+    def on_run_start(self, ctx: RunContext) -> None:
+        """--reference cached: every split's reference log-probabilities, by the model as it starts, given to the
+        splits' rows (their batches carry them as targets): read back from the run folder when the key matches (a
+        resumed run), else computed now and saved there."""
+        if self.reference != "cached":
+            return
+        accelerator, model = ctx.accelerator, ctx.accelerator.unwrap_model(ctx.model)
+        digest = reference.key(model, self.data, accelerator.mixed_precision, self.cfg.data.max_length)
+        found = reference.read(ctx.run_dir, digest) if self.cfg.run.resume else None
         if found is None:
-            say("anytrain: computing the reference log-probabilities once, before step 0 (--reference cached)")
-            device = next(model.parameters()).device
-            model.to(PartialState().device)
+            accelerator.print(
+                "anytrain: computing the reference log-probabilities once, before step 0 (--reference cached)"
+            )
             found = {
-                split: reference.compute(model, getattr(self.data, split), self.cfg.optim.batch_size)
+                split: reference.compute(accelerator, model, getattr(self.data, split), self.cfg.optim.batch_size)
                 for split in reference.SPLITS
                 if getattr(self.data, split) is not None
             }
-            model.to(device)  # where the loop's start-up check expects it
-            self.cache = (digest, found)
+            if accelerator.is_main_process:  # kept for a resumed run
+                reference.write(ctx.run_dir, found, digest)
         else:
-            say(f"anytrain: the reference log-probabilities read from {run_dir / reference.FILE} (the same key)")
+            accelerator.print(
+                f"anytrain: the reference log-probabilities read from {ctx.run_dir / reference.FILE} (the same key)"
+            )
         for split, logps in found.items():
             getattr(self.data, split).reference = logps
-
-    def train_batches(self, batches, loader, epoch: int, skipped: int):
-        if self.cache is not None:  # the run folder exists now: save the reference for a resumed run
-            from accelerate.state import PartialState
-
-            if PartialState().is_main_process:
-                reference.write(Path(self.cfg.run.output_dir), self.cache[1], self.cache[0])
-            self.cache = None
-        yield from with_shares(self, batches, loader, epoch, skipped, targets_of(self.data.train))  # one a pair
 
     # --------------------------------------------------------------------------- the loss
     def pairs(self, outputs, targets: torch.Tensor) -> Pairs:
@@ -158,9 +145,12 @@ class DirectPreference(SupervisedFineTuning):
             ref_c, ref_r = chosen[:, 2], rejected[:, 2]
         return Pairs(chosen[:, 0], rejected[:, 0], ref_c, ref_r, chosen[:, 1], rejected[:, 1])
 
-    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+    def loss_sum(self, outputs, targets: torch.Tensor) -> torch.Tensor:
         losses, _, _ = self.formula(self.pairs(outputs, targets), self.o.beta, self.o.simpo_gamma)
-        return losses.sum() / (self.share or len(losses))
+        return losses.sum()
+
+    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+        return self.loss_sum(outputs, targets) / len(targets)
 
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         losses, chosen, rejected = self.formula(

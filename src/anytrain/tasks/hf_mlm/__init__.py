@@ -33,7 +33,7 @@ class MaskedLM(TokenWeighted):
         self.model_config = self.checked_config(self.tokenizer.pad_token_id)
         return self.data
 
-    def targets_per_row(self, epoch: int):
+    def step_counts(self, epoch: int):
         return cast(MaskedRows, self.data.train).masked_per_row(epoch)  # a new draw each epoch
 
     def metrics(self, sums: dict, count: int) -> dict:

@@ -46,8 +46,8 @@ def chat_format(columns: list[str], features, text_column: str = "") -> str | No
     return None
 
 
-def check_messages(messages, where: str) -> None:
-    """A conversation: a non-empty list of {role, content} with known roles and at least one assistant turn."""
+def check_messages(messages, where: str, answered: bool = True) -> None:
+    """A conversation: a non-empty list of {role, content} with known roles and (`answered`) an assistant turn."""
     if not isinstance(messages, list) or not messages:
         raise ConfigError(f"{where}: expected a list of {{role, content}} messages, got {type(messages).__name__}")
     for turn in messages:
@@ -56,7 +56,7 @@ def check_messages(messages, where: str) -> None:
             raise ConfigError(f"{where}: unknown role {role!r} (roles: {', '.join(ROLES)})")
         if not isinstance(turn.get("content"), str):
             raise ConfigError(f"{where}: a {role} message without text content")
-    if not any(turn["role"] == "assistant" for turn in messages):
+    if answered and not any(turn["role"] == "assistant" for turn in messages):
         raise ConfigError(f"{where}: no assistant turn, so nothing to learn from it")
 
 

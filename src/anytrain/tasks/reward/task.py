@@ -15,11 +15,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...best import HIGHER, LOWER
-from ...data.splits import Splits, targets_of
+from ...data.splits import Splits
 from ...hf import Head
 from ...shape import DataShape
 from ...usermodel import logits_of
-from ..transformers import Transformers, with_shares
+from ..transformers import Transformers
 
 
 class RewardModel(Transformers):
@@ -29,8 +29,7 @@ class RewardModel(Transformers):
     offers = frozenset({"export", "predict", "lora"})
     head = Head("AutoModelForSequenceClassification", "sequence-classification", labelled=True)
     targets_to_model = False  # the loss is the pairs'; the model is given the texts only
-    step_shares = True  # train_batches: each batch's loss over its step's share of pairs
-    share: float | None = None
+    step_shares = True  # the loss: loss_sum over the batch's share of its step's pairs (ctx.share)
 
     def load_data(self, given=None) -> Splits:
         from ..dpo.task import load_pairs
@@ -48,18 +47,17 @@ class RewardModel(Transformers):
         hf.check_vocabulary(self.cfg, self.tokenizer, config)
         return config
 
-    def train_batches(self, batches, loader, epoch: int, skipped: int):
-        return with_shares(self, batches, loader, epoch, skipped, targets_of(self.data.train))  # one a pair
-
     def margins(self, outputs, targets: torch.Tensor) -> torch.Tensor:
         """r_chosen - r_rejected per pair, from the scores of the batch's 2B sequences (the chosen first)."""
         scores = logits_of(outputs).float()[:, 0]
         b = len(targets)
         return scores[:b] - scores[b : 2 * b]
 
+    def loss_sum(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+        return -F.logsigmoid(self.margins(outputs, targets)).sum()
+
     def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
-        losses = -F.logsigmoid(self.margins(outputs, targets))
-        return losses.sum() / (self.share or len(losses))
+        return self.loss_sum(outputs, targets) / len(targets)
 
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         margin = self.margins(outputs, targets)

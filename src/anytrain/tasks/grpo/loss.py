@@ -1,0 +1,75 @@
+"""grpo's advantages and loss.
+
+Advantage: each completion's reward minus its group's mean (the prompt's --num-generations completions), divided
+by the group's standard deviation (--scale-rewards group), the whole step's (batch) or by nothing (none), plus
+1e-4. A group whose rewards are all equal has advantage 0: no signal (the log says how many).
+
+Per token: -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A), r = exp(log pi - log pi_old) the importance
+ratio, per token or, for GSPO (--importance sequence), exp of the completion's mean log-ratio for all its tokens;
+plus --kl-beta x (exp(q) - q - 1), q = log pi_ref - log pi (the k3 estimate of the KL to the reference). With one
+update per rollout pi_old is pi itself (detached): r = 1, and the gradient is the policy gradient.
+
+Averaged over the optimizer step (--grpo-loss): dapo, the sum over every counted completion token of the step; grpo,
+each completion's mean over its tokens, summed over completions; dr_grpo, the sum over tokens; each divided by the
+step's count (tokens, completions, completions x --max-new-tokens) over every process. A micro-batch's loss is its
+sum over its share of that count, so the step is the same on any number of processes and accumulation steps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def advantages(rewards: torch.Tensor, generations: int, scale: str, batch_std: torch.Tensor | None) -> torch.Tensor:
+    """(n,) float32 advantages of n = prompts x generations rewards (float64), grouped by prompt; `batch_std`: the
+    step's standard deviation over every process (scale "batch")."""
+    groups = rewards.view(-1, generations)
+    centred = (groups - groups.mean(1, keepdim=True)).view(-1)
+    if scale == "group":
+        centred = centred / (groups.std(1).repeat_interleave(generations) + 1e-4)
+    elif scale == "batch":
+        assert batch_std is not None
+        centred = centred / (batch_std + 1e-4)
+    return centred.float()
+
+
+def counted(completion: torch.Tensor, truncated: torch.Tensor, mask_truncated: bool) -> torch.Tensor:
+    """(n, T) float: the completion tokens the loss counts (with --mask-truncated, none of a truncated one's)."""
+    keep = completion.float()
+    return keep * (~truncated).float()[:, None] if mask_truncated else keep
+
+
+def step_count(keep: torch.Tensor, normalisation: str, max_new_tokens: int) -> torch.Tensor:
+    """This process's part of the step's count: tokens (dapo), completions (grpo), completions x T (dr_grpo)."""
+    if normalisation == "dapo":
+        return keep.sum()
+    completions = torch.tensor(float(len(keep)), device=keep.device)  # a fully masked one counts too (as TRL)
+    return completions * (max_new_tokens if normalisation == "dr_grpo" else 1)
+
+
+def token_losses(logps, old, ref, advantage, keep, settings: dict) -> tuple[torch.Tensor, dict]:
+    """(n, T) per-token losses and this batch's sums for the log (clipped tokens, KL)."""
+    log_ratio = logps - old
+    if settings["importance"] == "sequence":  # GSPO: one ratio per completion, its mean log-ratio
+        log_ratio = ((log_ratio * keep).sum(1) / keep.sum(1).clamp(min=1.0))[:, None].expand_as(logps)
+    ratio = log_ratio.exp()
+    low, high = 1 - settings["epsilon"], 1 + (settings["epsilon_high"] or settings["epsilon"])
+    a = advantage[:, None]
+    losses = -torch.min(ratio * a, ratio.clamp(low, high) * a)
+    stats = {
+        "clipped_low": (((ratio < low) & (a < 0)).float() * keep).sum().detach(),
+        "clipped_high": (((ratio > high) & (a > 0)).float() * keep).sum().detach(),
+    }
+    if settings["kl_beta"] > 0:
+        q = ref - logps
+        kl = q.exp() - q - 1
+        losses = losses + settings["kl_beta"] * kl
+        stats["kl"] = (kl * keep).sum().detach()
+    return losses, stats
+
+
+def summed(losses: torch.Tensor, keep: torch.Tensor, normalisation: str) -> torch.Tensor:
+    """The micro-batch's sum under the normalisation: over tokens, or of each completion's mean (grpo)."""
+    if normalisation == "grpo":
+        return ((losses * keep).sum(1) / keep.sum(1).clamp(min=1.0)).sum()
+    return (losses * keep).sum()

@@ -1,0 +1,60 @@
+"""grpo's own options: a section of the config (`grpo:` in YAML), flags in --help, part of the resume check.
+Registered with the registry line (tasks/__init__.py); this module imports no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...config import POSITIVE, option
+
+NORMALISATIONS = ("dapo", "grpo", "dr_grpo")  # tasks/grpo/loss.py
+SCALES = ("group", "batch", "none")
+IMPORTANCE = ("token", "sequence")
+
+
+@dataclass(frozen=True)
+class GRPOOptions:
+    reward: list[str] = option(
+        [],
+        "grpo: the reward functions, each FILE.py:function or module:function with TRL's signature "
+        "fn(prompts, completions, completion_ids, **columns) -> list[float | None], or a built-in: answer (1.0 where "
+        "the completion's last number or word equals the row's answer column), format:REGEX (1.0 where the "
+        "completion matches), length:N (minus the share of N tokens the completion goes past N... 0 within)",
+    )
+    reward_weights: list[float] = option([], "grpo: one weight per --reward (default: 1.0 each)")
+    num_generations: int = option(8, "grpo: completions sampled per prompt (a group: G)", bounds="[2, inf)")
+    max_new_tokens: int = option(64, "grpo: the longest completion, in tokens", bounds=POSITIVE)
+    temperature: float = option(1.0, "grpo: the sampling temperature", bounds=POSITIVE)
+    top_p: float = option(
+        1.0, "grpo: nucleus sampling: the smallest set of tokens of this probability", bounds="(0, 1]"
+    )
+    epsilon: float = option(0.2, "grpo: the importance ratio is clipped to [1 - epsilon, 1 + epsilon]", bounds=POSITIVE)
+    epsilon_high: float = option(
+        0.0, "grpo: the upper clip, 1 + epsilon_high (DAPO's clip-higher); 0 = --epsilon", bounds="[0, inf)"
+    )
+    grpo_loss: str = option(
+        "dapo",
+        "grpo: how the per-token losses are averaged: dapo (over every completion token of the optimizer step: a "
+        "long completion counts per token), grpo (each completion's mean, then over completions), dr_grpo (their "
+        "sum over completions x --max-new-tokens: no length normalisation)",
+        choices=NORMALISATIONS,
+    )
+    scale_rewards: str = option(
+        "group",
+        "grpo: the advantage is the reward minus its group's mean, divided by the group's standard deviation "
+        "(group), the whole step's (batch), or not divided (none: Dr. GRPO)",
+        choices=SCALES,
+    )
+    importance: str = option(
+        "token", "grpo: the importance ratio per token (GRPO), or per completion (sequence: GSPO)", choices=IMPORTANCE
+    )
+    kl_beta: float = option(
+        0.0,
+        "grpo: the weight of the KL term to the reference (TRL's beta; 0: none, no reference). The reference: the "
+        "model with its adapter off (--lora-r), else a frozen copy of the starting model",
+        bounds="[0, inf)",
+    )
+    grpo_iterations: int = option(
+        1, "grpo: optimizer steps on each rollout (TRL's num_iterations, mu)", bounds=POSITIVE
+    )
+    mask_truncated: bool = option(False, "grpo: completions cut at --max-new-tokens count for nothing in the loss")

@@ -1,0 +1,156 @@
+"""grpo's data: prompts in TRL's form, a `prompt` column of text or of chats (lists of {"role", "content"}
+messages, rendered by the model's chat template with its generation prompt), every other column kept for the
+reward functions (an `answer`, a test, a format). No completions: the model writes them.
+
+The training split is read as rollout slots (`RolloutSlots`): the loader draws, in order, one batch of slots per
+process and micro-step, and each names the prompts of its rollout (--batch-size prompts per process, shuffled by
+seed and epoch), which micro-batch of the optimizer step it is and which of the --grpo-iterations. An epoch is
+every prompt once; the last rollout is filled from the epoch's first prompts, so every step has its full batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...config import ConfigError, TrainConfig
+from ...data.sources import carve_rows, opened
+from ...data.splits import Rows
+from ..hf_sft.chats import check_messages, render
+
+PROMPT = "prompt"
+ANSWERED = ("completion", "chosen", "rejected", "messages")  # columns of data that already holds answers
+
+
+def is_prompts(columns: list[str]) -> bool:
+    return PROMPT in columns and not any(c in columns for c in ANSWERED)
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """An evaluation batch: the split and its rows."""
+
+    split: str
+    rows: list[int]
+
+    def to(self, *args, **kwargs) -> Prompts:  # accelerate moves a batch to the device: nothing here to move
+        return self
+
+
+class PromptRows(Rows):
+    """Tokenised prompts, each as the model reads it, with the prompt as given and the row's other columns. A batch
+    is (Prompts, the rows' indices as a tensor: what evaluation gathers over ranks)."""
+
+    def __init__(self, ids: list[list[int]], prompts: list, columns: dict[str, list], split: str):
+        self.ids, self.prompts, self.columns, self.split = ids, prompts, columns, split
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitems__(self, indices: list[int]):
+        return Prompts(self.split, list(indices)), torch.tensor(indices, dtype=torch.long)
+
+    def __getitem__(self, index: int):
+        return self.__getitems__([index])
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One micro-step of a rollout on one process: the prompts (rows of the split), their epoch, the rollout, which
+    of the --grpo-iterations and which micro-batch of its optimizer step."""
+
+    rows: list[int]
+    epoch: int
+    rollout: int
+    iteration: int
+    micro: int
+
+    def to(self, *args, **kwargs) -> Slot:  # accelerate moves a batch to the device: nothing here to move
+        return self
+
+
+class RolloutSlots(Rows):
+    """The training prompts as the loader's slots (module docstring). Unshuffled by the loader: the order is the
+    rollouts'; the prompts are shuffled here, a function of seed and epoch, the same on every process."""
+
+    shuffled = False
+
+    def __init__(self, prompts: PromptRows, cfg: TrainConfig, processes: int):
+        o = cfg.section("grpo")
+        self.prompts, self.seed = prompts, cfg.run.seed
+        self.batch, self.processes = cfg.optim.batch_size, processes
+        self.micro, self.iterations = cfg.optim.grad_accum_steps, o.grpo_iterations
+        self.rollouts = math.ceil(len(prompts) / (self.batch * processes))  # per epoch
+        self.epoch = 0
+        self.order = np.arange(len(prompts))
+
+    def __len__(self) -> int:
+        return self.rollouts * self.iterations * self.micro * self.processes * self.batch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.order = np.random.default_rng([self.seed, epoch]).permutation(len(self.prompts))
+
+    def __getitems__(self, indices: list[int]):
+        k = indices[0] // self.batch  # the loader's batch: process k % P at micro-step k // P
+        step, process = divmod(k, self.processes)
+        rollout, within = divmod(step, self.iterations * self.micro)
+        iteration, micro = divmod(within, self.micro)
+        start = (rollout * self.processes + process) * self.batch
+        rows = [int(self.order[(start + q) % len(self.order)]) for q in range(self.batch)]
+        return Slot(rows, self.epoch, rollout, iteration, micro), torch.tensor(rows, dtype=torch.long)
+
+    def __getitem__(self, index: int):
+        return self.__getitems__([index])
+
+    @property
+    def ids(self) -> list[list[int]]:
+        return self.prompts.ids
+
+
+def prompt_text(tokenizer, prompt, where: str) -> str:
+    """The prompt as the model reads it: text as it is, a chat rendered by the template with its generation prompt."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ConfigError(f"{where}: the prompt is empty")
+        return prompt
+    if not isinstance(prompt, list):
+        raise ConfigError(f"{where}: the prompt must be text or a list of messages, got {type(prompt).__name__}")
+    check_messages(prompt, where, answered=False)
+    return render(tokenizer, prompt, True)
+
+
+def prompt_rows(ds, tokenizer, source: str, split: str, room: int) -> PromptRows:
+    """A split's prompts tokenised as generation reads them (a chat's special tokens are the template's); a prompt
+    longer than `room` tokens (the model's positions less --max-new-tokens) keeps its last `room`."""
+    ids, prompts = [], []
+    for index, row in enumerate(ds):
+        text = prompt_text(tokenizer, row[PROMPT], f"--dataset: row {index} of the {split} split of {source}")
+        tokens = tokenizer(text, add_special_tokens=isinstance(row[PROMPT], str)).input_ids
+        ids.append(tokens[-room:] if room > 0 else tokens)
+        prompts.append(row[PROMPT])
+    columns = {name: list(ds[name]) for name in ds.column_names if name != PROMPT}
+    return PromptRows(ids, prompts, columns, split)
+
+
+def load_prompts(cfg: TrainConfig, tokenizer, given, room: int) -> tuple[dict[str, PromptRows], str, bool]:
+    """({split: PromptRows}, source, whether the prompts are chats): read, checked, carved, tokenised."""
+    splits, source = opened(cfg, given)
+    train = splits["train"]
+    if PROMPT not in train.column_names:
+        raise ConfigError(
+            f"--task grpo: {source} has no '{PROMPT}' column (columns: {', '.join(train.column_names)}): grpo "
+            "answers prompts, scored by --reward"
+        )
+    chats = isinstance(train[0][PROMPT], list)
+    if chats and not tokenizer.chat_template:
+        raise ConfigError(
+            f"--model {cfg.model.name}: its tokenizer has no chat template, which chat prompts (lists of messages) need"
+        )
+    rows = {
+        name: prompt_rows(ds, tokenizer, source, name, room) for name, ds in carve_rows(splits, cfg, source).items()
+    }
+    return rows, source, chats

@@ -1,0 +1,291 @@
+"""grpo: online reinforcement learning with verifiable rewards (GRPO and its variants: Dr. GRPO, DAPO, GSPO) for a
+transformers causal LM. Each optimizer step, every process answers its --batch-size prompts --num-generations
+times (tasks/grpo/rollout.py: the model's own generate, reproducible sampling), scores every completion with the
+--reward functions (tasks/grpo/rewards.py), turns the rewards into advantages within each prompt's group, and
+trains on the completions' tokens with the clipped importance ratio (tasks/grpo/loss.py), in --grad-accum-steps
+micro-batches, for --grpo-iterations steps per rollout. The loop is the one every task trains through: this
+task's step (`train_step`) is what differs.
+
+Validation and test: each held-out prompt answered once by sampling (its own key, the run's temperature) and once
+greedily; `reward` and `greedy_reward` are their mean rewards, and the loss is minus the sampled one (what GRPO
+maximises). The best weights are those of the best validation reward. The model exports to run_dir/hf and
+`anytrain sample` answers, as sft's do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from ...best import HIGHER, LOWER
+from ...config import ConfigError, TrainConfig
+from ...data.splits import Splits
+from ...shape import DataShape
+from ..contract import RunContext
+from ..hf_sft import SupervisedFineTuning
+from . import loss as objective
+from .figures import Figures
+from .options import GRPOOptions
+from .prompts import RolloutSlots, Slot, is_prompts, load_prompts
+from .rewards import load_rewards, scores, total
+from .rollout import Completions, completion_keys, generate, token_logps
+
+SPLIT_KEYS = {"train": 0, "validation": 1, "test": 2}
+
+
+@dataclass
+class Rollout:
+    """One process's rollout: its completions, their advantages, the log-probabilities of the policy that sampled
+    them (--grpo-iterations > 1) and of the reference (--kl-beta > 0), and the step's share per micro-batch."""
+
+    rows: Completions
+    advantages: torch.Tensor
+    keep: torch.Tensor
+    old: torch.Tensor | None
+    ref: torch.Tensor | None
+    share: float
+
+    def micro_batch(self, k: int, count: int) -> torch.Tensor:
+        """The rows of micro-batch k of `count`: the completions split as evenly as they go."""
+        return torch.tensor_split(torch.arange(len(self.advantages)), count)[k]
+
+
+class GroupRelative(SupervisedFineTuning):
+    name = "grpo"
+    goals = {"loss": LOWER, "reward": HIGHER, "greedy_reward": HIGHER}
+    headline = "reward"
+    offers = frozenset({"export", "sample", "lora"})
+    options = GRPOOptions
+    targets_to_model = False  # the completions are scored, not given as labels
+    step_shares = False  # its step divides by the rollout's own count (tasks/grpo/loss.py), known once it is generated
+    hints = {"predict": "it answers prompts with `anytrain sample RUN --prompt ...`"}
+
+    @classmethod
+    def detect(cls, source) -> str | None:
+        if not source.readable or not is_prompts(source.train.column_names):
+            return None
+        return "auto: a prompt column without answers (prompts the model answers, scored by --reward)"
+
+    @classmethod
+    def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
+        o = cfg.section(cls.name)
+        load_rewards(o.reward, o.reward_weights)  # each function found, before any data is read
+        if cfg.optim.batch_size * o.num_generations < cfg.optim.grad_accum_steps:
+            raise ConfigError(
+                f"--grad-accum-steps {cfg.optim.grad_accum_steps}: more micro-batches than the step's "
+                f"{cfg.optim.batch_size} x {o.num_generations} completions per process"
+            )
+
+    def __init__(self, cfg: TrainConfig):
+        super().__init__(cfg)
+        self.o = cfg.section(self.name)
+        self.rewards: list = []  # the --reward functions (load_data; check_settled refused the run without one)
+        self.rollout: Rollout | None = None
+        self.figures = Figures()
+        self.frozen: nn.Module | None = None  # --kl-beta without LoRA: the starting model, frozen
+        self.last_counts = (0, 0)  # the last micro-batch's completions and completion tokens
+
+    # --------------------------------------------------------------------------- data and model
+    def load_data(self, given=None) -> Splits:
+        from accelerate.state import PartialState
+
+        from ... import hf
+
+        self.rewards = load_rewards(self.o.reward, self.o.reward_weights)
+        self.tokenizer = hf.load_tokenizer(self.cfg)
+        self.model_config = self.checked_config(self.tokenizer.pad_token_id)
+        positions = hf.max_positions(self.model_config) or self.cfg.data.max_length + self.o.max_new_tokens
+        room = positions - self.o.max_new_tokens
+        if room < 1:
+            raise ConfigError(f"--max-new-tokens {self.o.max_new_tokens}: the model has {positions} positions")
+        rows, source, chats = load_prompts(self.cfg, self.tokenizer, given, min(room, self.cfg.data.max_length))
+        self.prompts = rows  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
+        self.stops = end_tokens(self.tokenizer, chats)
+        train = RolloutSlots(rows["train"], self.cfg, PartialState().num_processes)
+        shape = DataShape(
+            "tokens", vocab_size=len(self.tokenizer), max_length=positions, pad_id=self.tokenizer.pad_token_id
+        )
+        facts = {"tokenizer": f"{type(self.tokenizer).__name__} (the model's own)", "train_prompts": len(rows["train"]),
+                 "prompt_format": "chats" if chats else "text", "train_rollouts_per_epoch": train.rollouts}  # fmt: skip
+        meta = {"stop_ids": str(self.stops), "chat_template": "yes" if chats else "no"}
+        self.data = Splits.of({**rows, "train": train}, shape, source, input_columns=["prompt"], facts=facts,
+                              metadata=meta, tokenizer=self.tokenizer)  # fmt: skip
+        return self.data
+
+    def build_model(self, given=None) -> nn.Module:
+        """The causal LM (its own forward: grpo gives it no labels), with LoRA adapters and gradient checkpointing
+        where asked."""
+        from ... import hf, lora
+
+        model = hf.load_model(self.cfg, self.head, self.model_config)
+        self.use_cache, model.config.use_cache = model.config.use_cache, False  # restored for the exported model
+        if self.cfg.model.gradient_checkpointing:
+            hf.checkpoint_activations(model)
+        if self.cfg.model.lora_r:
+            from accelerate.state import PartialState
+
+            say = PartialState().print
+            model = lora.wrap(model, lora.settings(self.cfg), self.head.auto_class, lambda s: say(f"anytrain: {s}"))
+        return model
+
+    def on_run_start(self, ctx: RunContext) -> None:
+        """The start-up line; with --kl-beta and full fine-tuning, a frozen copy of the starting model."""
+        if self.o.kl_beta > 0 and not self.cfg.model.lora_r:
+            import copy
+
+            self.frozen = copy.deepcopy(ctx.accelerator.unwrap_model(ctx.model)).eval().requires_grad_(False)
+        names = ", ".join(f"{r.name} (x{r.weight:g})" for r in self.rewards)
+        ctx.accelerator.print(
+            f"anytrain: grpo: {self.o.num_generations} completions per prompt, {self.cfg.optim.batch_size} prompts per "
+            f"process and step, {self.o.grpo_iterations} step(s) per rollout; loss {self.o.grpo_loss}, advantages "
+            f"scaled by {self.o.scale_rewards}, ratio per {self.o.importance}, KL weight {self.o.kl_beta:g}; "
+            f"rewards: {names}"
+        )
+        self.figures.start()
+
+    # --------------------------------------------------------------------------- the step
+    def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
+        """The rollout at the first micro-batch of its first step; then this micro-batch's completions trained."""
+        slot, _ = batch
+        if self.rollout is None or (slot.iteration == 0 and slot.micro == 0):
+            self.rollout = self.roll_out(ctx, slot)
+        rollout = self.rollout
+        index = rollout.micro_batch(slot.micro, self.cfg.optim.grad_accum_steps)
+        rows = rollout.rows.rows(index)
+        logps = token_logps(ctx.model, rows, ctx.forward)
+        old = logps.detach() if rollout.old is None else rollout.old[index]
+        ref = None if rollout.ref is None else rollout.ref[index]
+        keep = rollout.keep[index]
+        losses, stats = objective.token_losses(logps, old, ref, rollout.advantages[index], keep, self.settings())
+        self.figures.add_step(stats, keep.sum())
+        self.last_counts = (len(index), int(keep.sum()))
+        return objective.summed(losses, keep, self.o.grpo_loss) / rollout.share
+
+    def settings(self) -> dict:
+        o = self.o
+        return {"importance": o.importance, "epsilon": o.epsilon, "epsilon_high": o.epsilon_high, "kl_beta": o.kl_beta}
+
+    def roll_out(self, ctx: RunContext, slot: Slot) -> Rollout:
+        """Generate, score, advantages, the step's count; the old and reference log-probabilities where needed."""
+        accelerator, started = ctx.accelerator, time.perf_counter()
+        model = accelerator.unwrap_model(ctx.model)
+        rows = torch.tensor(slot.rows)
+        keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS["train"], slot.epoch, rows, self.o.num_generations)
+        prompts = [self.prompts["train"].ids[r] for r in slot.rows for _ in range(self.o.num_generations)]
+        with accelerator.autocast():
+            done = generate(model, prompts, keys, self.sampling())
+        table = self.score(done, slot.rows, "train")
+        reward = total(table, self.rewards).to(accelerator.device)
+        every = accelerator.gather(reward)
+        batch_std = every.std() if self.o.scale_rewards == "batch" else None
+        advantage = objective.advantages(reward, self.o.num_generations, self.o.scale_rewards, batch_std)
+        keep = objective.counted(done.completion, done.truncated, self.o.mask_truncated)
+        count = accelerator.reduce(objective.step_count(keep, self.o.grpo_loss, self.o.max_new_tokens), "sum")
+        share = count.item() / (accelerator.num_processes * self.cfg.optim.grad_accum_steps) or 1.0
+        with torch.no_grad(), accelerator.autocast():
+            old = token_logps(model, done, lambda inputs: model(**inputs)) if self.o.grpo_iterations > 1 else None
+            ref = self.reference_logps(model, done) if self.o.kl_beta > 0 else None
+        names = [r.name for r in self.rewards]
+        self.figures.add_rollout(accelerator, table.to(accelerator.device), reward, done, self.o.num_generations, names)
+        self.figures.generating += time.perf_counter() - started
+        return Rollout(done, advantage, keep, old, ref, share)
+
+    def reference_logps(self, model: nn.Module, done: Completions) -> torch.Tensor:
+        """The reference's per-token log-probabilities: the frozen starting model, or the model with its adapter off
+        (LoRA: its weights as they were loaded)."""
+        frozen = self.frozen
+        if frozen is not None:
+            return token_logps(frozen, done, lambda inputs: frozen(**inputs))
+        with cast(Any, model).disable_adapter():
+            return token_logps(model, done, lambda inputs: model(**inputs))
+
+    def sampling(self) -> dict:
+        o = self.o
+        return {"max_new_tokens": o.max_new_tokens, "temperature": o.temperature, "top_p": o.top_p,
+                "stops": self.stops, "pad": self.tokenizer.pad_token_id}  # fmt: skip
+
+    def score(self, done: Completions, rows: list[int], split: str, per_row: int | None = None) -> torch.Tensor:
+        """(completions, functions) rewards of the completions of `rows` (each `per_row` times, default G)."""
+        per_row = per_row or self.o.num_generations
+        source = self.prompts[split]
+        ids = done.completion_ids()
+        texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in ids]
+        chats = isinstance(source.prompts[rows[0]], list)
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if chats else texts
+        args = {"prompts": [source.prompts[r] for r in rows for _ in range(per_row)], "completions": completions,
+                "completion_ids": ids}  # fmt: skip
+        for name, values in source.columns.items():
+            args[name] = [values[r] for r in rows for _ in range(per_row)]
+        return scores(self.rewards, args, lambda k: f"completion {k % per_row} of {split} row {rows[k // per_row]}")
+
+    # --------------------------------------------------------------------------- the start-up check, the counts
+    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+        """The objective on a batch of tokens as if each were a completion token with advantage 1 (what the start-up
+        check computes: finite, and with gradients to the weights)."""
+        from ...usermodel import logits_of
+
+        logits = logits_of(outputs)[:, :-1].float()
+        logps = logits.log_softmax(-1).gather(-1, targets[:, 1:, None]).squeeze(-1)
+        return -(logps - logps.detach()).exp().mean()
+
+    def batch_counts(self, batch) -> tuple[int, int]:
+        """The completions and completion tokens this micro-batch trained on."""
+        return getattr(self, "last_counts", (0, 0))
+
+    def rates(self, samples: int, tokens: int, seconds: float) -> dict:
+        if seconds <= 0:
+            return {"samples_per_s": None, "tokens_per_s": None}
+        return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds}
+
+    def train_figures(self, accelerator) -> dict:
+        return self.figures.take(accelerator)
+
+    # --------------------------------------------------------------------------- evaluation
+    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
+        """Each prompt answered once by sampling (its own key) and once greedily: their rewards."""
+        from ..hf_seq2seq import unwrapped
+
+        split, rows = inputs.split, inputs.rows
+        prompts = [self.prompts[split].ids[r] for r in rows]
+        keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS[split], 0, torch.tensor(rows), 1)
+        stats = {}
+        for name, k in (("reward", keys), ("greedy_reward", None)):
+            done = generate(unwrapped(model), prompts, k, self.sampling())
+            stats[name] = total(self.score(done, rows, split, 1), self.rewards).to(targets.device)
+        stats["loss"] = -stats["reward"]
+        return stats
+
+    def metrics(self, sums: dict, count: int) -> dict:
+        return {k: v.item() / count for k, v in sums.items()}
+
+    def describe_data(self, model: nn.Module) -> dict:
+        o = self.o
+        rewards = {"rewards": [r.name for r in self.rewards], "reward_weights": [r.weight for r in self.rewards]}
+        return {
+            **super().describe_data(model),
+            "num_generations": o.num_generations,
+            "grpo_loss": o.grpo_loss,
+            **rewards,
+        }
+
+
+def end_tokens(tokenizer, chats: bool) -> list[int]:
+    """Where a completion stops: the end-of-text token, and for chats the special tokens the template closes an
+    assistant turn with (its end-of-turn)."""
+    from ..hf_sft.chats import render
+
+    stops = {tokenizer.eos_token_id} - {None}
+    if chats:
+        asked = [{"role": "user", "content": "2 + 2?"}]
+        before = render(tokenizer, asked, True)
+        after = render(tokenizer, [*asked, {"role": "assistant", "content": "4"}])[len(before) :]
+        special = set(tokenizer.all_special_ids)
+        stops |= {t for t in tokenizer(after, add_special_tokens=False).input_ids if t in special}
+    if not stops:
+        raise ConfigError("--model: its tokenizer has no end-of-text token, where a completion would stop")
+    return sorted(stops)

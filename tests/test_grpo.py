@@ -1,0 +1,312 @@
+"""--task grpo (issue 40): online RL with verifiable rewards through the one loop, on the tests' tiny chat Llama.
+
+Sampling is a function of each completion's key (the same completions in one batch or two, and from the tempered
+softmax); the masks read back what generate wrote (a completion ends at its first stop token; its tokens'
+log-probabilities in training are those generate sampled from, left padding included); advantages, clipping, KL
+and the three normalisations as stated; reward functions with TRL's signature get the dataset's columns and are
+refused in one line when they raise, return the wrong number of values or NaN; bad input is one line each; the
+reward rises; and the step is exact: 4 accumulated micro-batches equal one batch, 2 ranks equal 1 (launched), a
+SIGKILLed run resumes bit for bit (launched)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from conftest import kill_and_resume, launch, max_abs_diff, read_metrics, read_summary, run_cli_error
+from hfchecks import in_process
+from hfmodels import tiny_llama
+
+from anytrain import load_model
+from anytrain.config import ConfigError
+from anytrain.tasks.grpo import loss as objective
+from anytrain.tasks.grpo.rewards import Reward, load_rewards, scores, total
+from anytrain.tasks.grpo.rollout import NoisyScores, completion_keys, generate, gumbel, read_back, token_logps
+
+transformers = pytest.importorskip("transformers")
+
+REWARDS = '''
+def ones(prompts, completions, completion_ids, **columns):
+    """The share of the completion's characters that are the digit 1."""
+    texts = [c[-1]["content"] for c in completions]
+    return [t.count("1") / max(len(t), 1) for t in texts]
+
+
+def checks_columns(prompts, completions, completion_ids, answer, topic, **columns):
+    assert len(answer) == len(topic) == len(completions) and isinstance(prompts[0], list)
+    return [None if t == "skip" else float(len(ids)) for t, ids in zip(topic, completion_ids)]
+
+
+def raises_on_long(prompts, completions, completion_ids, **columns):
+    if any(len(ids) > 3 for ids in completion_ids):
+        raise ValueError("too long")
+    return [0.0] * len(completions)
+
+
+def too_few(prompts, completions, completion_ids, **columns):
+    return [0.0]
+
+
+def nan(prompts, completions, completion_ids, **columns):
+    return [float("nan")] * len(completions)
+'''
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpo")
+    rng = random.Random(0)
+    rows = []
+    for k in range(48):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        prompt = [{"role": "user", "content": f"{a} + {b} ="}]
+        rows.append({"prompt": prompt, "answer": str(a + b), "topic": "skip" if k % 5 == 0 else "sum"})
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "rewards.py").write_text(REWARDS)
+    return {
+        "root": root,
+        "model": tiny_llama(root / "llama"),
+        "data": root / "prompts.jsonl",
+        "rewards": root / "rewards.py",
+    }
+
+
+@pytest.fixture(scope="module")
+def model(folders):
+    m = transformers.AutoModelForCausalLM.from_pretrained(folders["model"])
+    m.config.use_cache = False  # as anytrain trains it: generate turns its cache on itself
+    return m
+
+
+def args(folders, *flags: str) -> list[str]:
+    return [
+        "--model", f"hf:{folders['model']}", "--dataset", str(folders["data"]), "--reward",
+        f"{folders['rewards']}:ones", "--num-generations", "4", "--max-new-tokens", "6", "--batch-size", "4",
+        "--lr", "3e-3", "--log-every-steps", "1", "--eval-every-steps", "0", "--seed", "3", *flags,
+    ]  # fmt: skip
+
+
+SETTINGS = {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "pad": 0}
+
+
+def prompts_of(folders, count: int) -> list[list[int]]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folders["model"])
+    out = []
+    for line in folders["data"].read_text().splitlines()[:count]:
+        text = tokenizer.apply_chat_template(json.loads(line)["prompt"], tokenize=False, add_generation_prompt=True)
+        out.append(tokenizer(text + "x" * (len(out) % 3), add_special_tokens=False).input_ids)  # uneven lengths
+    return out
+
+
+def settings(folders) -> dict:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folders["model"])
+    pad = tokenizer.eos_token_id  # as anytrain pads a tokenizer without a pad token
+    return {**SETTINGS, "stops": [tokenizer.convert_tokens_to_ids("<|im_end|>")], "pad": pad}
+
+
+# --------------------------------------------------------------------------- sampling and masks
+
+
+def test_a_completion_is_a_function_of_its_key_not_of_its_batch(folders, model):
+    prompts = prompts_of(folders, 4)
+    keys = completion_keys(3, 0, 0, torch.arange(4), 2)
+    doubled = [p for p in prompts for _ in range(2)]
+    one = generate(model, doubled, keys, settings(folders)).completion_ids()
+    halves = [generate(model, doubled[k : k + 4], keys[k : k + 4], settings(folders)).completion_ids() for k in (0, 4)]
+    assert one == halves[0] + halves[1]  # 1 batch of 8 = 2 batches of 4 (left padding differs between them)
+    assert len({tuple(c) for c in one}) > 4  # and the keys make different completions
+    assert (
+        generate(model, doubled, completion_keys(4, 0, 0, torch.arange(4), 2), settings(folders)).completion_ids()
+        != one
+    )
+
+
+def test_gumbel_noise_samples_the_tempered_softmax_within_the_nucleus():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    keys = torch.arange(40_000)
+    picks = (logits / 0.7 + gumbel(keys, 5, 4)).argmax(1)
+    frequencies = torch.bincount(picks, minlength=4).float() / len(keys)
+    assert torch.allclose(frequencies, (logits / 0.7).softmax(0), atol=0.01), frequencies
+    nucleus = NoisyScores(keys, 0, 1.0, 0.7)(torch.zeros(len(keys), 5), logits.expand(len(keys), 4)).argmax(1)
+    assert set(nucleus.tolist()) == {0, 1}  # softmax 0.64, 0.24: the smallest set of mass 0.7 is tokens 0 and 1
+
+
+def test_a_completion_ends_at_its_first_stop_and_the_rest_is_padding():
+    width, stop, pad = 2, 9, 0
+    out = torch.tensor([[5, 6, 1, 9, 4, 9], [0, 6, 1, 2, 3, 4]])  # row 0 stops at its 2nd token; row 1 never
+    done = read_back(out, torch.tensor([[1, 1], [0, 1]]), width, {"max_new_tokens": 4, "stops": [stop], "pad": pad})
+    assert done.completion.tolist() == [[True, True, False, False], [True, True, True, True]]
+    assert done.truncated.tolist() == [False, True] and done.completion_ids() == [[1, 9], [1, 2, 3, 4]]
+    assert done.ids[0].tolist() == [5, 6, 1, 9, pad, pad]  # what followed the stop is padding
+    assert done.mask.tolist() == [[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]]
+    assert done.positions[1].tolist() == [0, 0, 1, 2, 3, 4]  # the left padding takes no position
+
+
+def test_training_reads_the_log_probabilities_generate_sampled_from(folders, model):
+    """Greedy completions of left-padded prompts: each token's log-probability in the training forward (positions
+    from the mask, as generate counts them) equals generate's own scores for it."""
+    prompts, s = prompts_of(folders, 3), settings(folders)
+    from anytrain.tasks.grpo.rollout import left_padded
+
+    ids, mask = left_padded(prompts, s["pad"])
+    with torch.no_grad():
+        extra = {"eos_token_id": s["stops"], "pad_token_id": s["pad"], "use_cache": True}
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, return_dict_in_generate=True,
+            output_logits=True, **extra,
+        )  # fmt: skip
+        done = read_back(out.sequences, mask, ids.shape[1], s)
+        ours = token_logps(model, done, lambda inputs: model(**inputs))
+    theirs = torch.stack(out.logits, 1).float().log_softmax(-1)
+    picked = theirs.gather(-1, done.ids[:, ids.shape[1] :][:, : theirs.shape[1], None]).squeeze(-1)
+    keep = done.completion[:, : theirs.shape[1]]
+    assert torch.allclose(ours[:, : theirs.shape[1]][keep], picked[keep], atol=1e-4)
+
+
+# --------------------------------------------------------------------------- advantages and the loss
+
+
+def test_advantages_are_within_each_group_and_a_flat_group_gets_none():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5], dtype=torch.float64)
+    group = objective.advantages(rewards, 4, "group", None)
+    assert group[:4].tolist() == pytest.approx([0.866, -0.866, 0.866, -0.866], abs=1e-3)  # (r - 0.5) / std 0.577
+    assert group[4:].tolist() == [0.0] * 4  # all equal: no signal
+    assert objective.advantages(rewards, 4, "none", None)[:2].tolist() == [0.5, -0.5]
+    assert objective.advantages(rewards, 4, "batch", torch.tensor(0.25))[0].item() == pytest.approx(0.5 / 0.2501)
+
+
+def test_the_three_normalisations_count_what_they_say():
+    keep = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    assert objective.step_count(keep, "dapo", 4).item() == 4  # tokens
+    assert objective.step_count(keep, "grpo", 4).item() == 2  # completions
+    assert objective.step_count(keep, "dr_grpo", 4).item() == 8  # completions x max new tokens
+    losses = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0]])
+    assert objective.summed(losses, keep, "dapo").item() == 10  # every counted token
+    assert objective.summed(losses, keep, "grpo").item() == 6  # 2 + 4: each completion's mean
+    truncated = objective.counted(torch.ones(2, 4, dtype=torch.bool), torch.tensor([True, False]), True)
+    assert truncated.tolist() == [[0.0] * 4, [1.0] * 4]  # --mask-truncated
+
+
+def test_the_ratio_is_clipped_where_it_helps_and_the_kl_is_zero_at_the_reference():
+    logps = torch.log(torch.tensor([[1.5, 0.5, 1.0]]))
+    old, advantage, keep = torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3)
+    s = {"importance": "token", "epsilon": 0.2, "epsilon_high": 0.0, "kl_beta": 0.1}
+    losses, stats = objective.token_losses(logps, old, logps, advantage, keep, s)
+    assert losses.tolist()[0] == pytest.approx([-1.2, -0.5, -1.0])  # 1.5 clipped to 1.2; 0.5 not (min wins)
+    assert stats["clipped_high"].item() == 1 and stats["clipped_low"].item() == 0 and stats["kl"].item() == 0
+    gspo, _ = objective.token_losses(logps, old, None, advantage, keep, {**s, "importance": "sequence", "kl_beta": 0})
+    ratio = torch.exp(torch.log(torch.tensor([1.5, 0.5, 1.0])).mean())  # one ratio for the whole completion
+    assert gspo.tolist()[0] == pytest.approx([-ratio.item()] * 3)
+
+
+# --------------------------------------------------------------------------- rewards and bad input
+
+
+def test_reward_functions_get_the_datasets_columns_and_none_leaves_a_value_out(folders):
+    rewards = load_rewards([f"{folders['rewards']}:checks_columns", "length:2"], [1.0, 0.5])
+    chat = [{"role": "user", "content": "1 + 1 ="}]
+    args = {
+        "prompts": [chat] * 3, "completions": [[{"role": "assistant", "content": "2"}]] * 3,
+        "completion_ids": [[5], [5, 6, 7], [5, 6]], "answer": ["2"] * 3, "topic": ["sum", "skip", "sum"],
+    }  # fmt: skip
+    table = scores(rewards, args, lambda k: f"row {k}")
+    assert table[:, 0].tolist()[0] == 1.0 and torch.isnan(table[1, 0]) and table[2, 0].item() == 2.0
+    assert table[:, 1].tolist() == [0.0, -0.5, 0.0]  # 0 up to 2 tokens, minus the share of 2 past them
+    assert total(table, rewards).tolist() == [1.0, -0.25, 2.0]  # the None left out of row 1's sum
+
+
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("raises_on_long", "--reward raises_on_long: raised ValueError: too long (on completion 1 of train row 7)"),
+        ("too_few", "--reward too_few: returned 1 values for 3 completions (one each)"),
+        ("nan", "--reward nan: returned nan for completion 0 of train row 7 (a number or None)"),
+    ],
+)
+def test_a_reward_function_that_misbehaves_is_named_with_the_row(folders, name, said):
+    rewards = [Reward(name, load_rewards([f"{folders['rewards']}:{name}"], [])[0].fn, 1.0)]
+    args = {"prompts": ["p"] * 3, "completions": ["a", "bbbb", "c"], "completion_ids": [[1], [1, 2, 3, 4], [2]]}
+    with pytest.raises(ConfigError) as err:
+        scores(rewards, args, lambda k: f"completion {k} of train row 7")
+    assert str(err.value) == said
+
+
+def test_bad_input_is_one_line_each(folders, capsys, tmp_path):
+    base = ["--model", f"hf:{folders['model']}", "--dataset", str(folders["data"]), "--output-dir", str(tmp_path / "r")]
+    cases = [
+        ([*base, "--task", "grpo"], "--reward: --task grpo needs at least one reward function"),
+        ([*base, "--reward", str(tmp_path / "gone.py:f")], f"--reward {tmp_path / 'gone.py:f'}: file not found"),
+        ([*base, "--reward", "answer", "--num-generations", "1"], "--num-generations must be in [2, inf), got 1"),
+        ([*base, "--reward", "answer", "format:("], "--reward format:(: not a regular expression"),
+        (
+            [*base, "--reward", "answer", "--reward-weights", "1", "2"],
+            "--reward-weights: 2 weights for 1 reward functions",
+        ),
+    ]
+    for argv, said in cases:
+        assert said in run_cli_error(capsys, argv), argv
+    no_prompt = tmp_path / "qa.jsonl"
+    no_prompt.write_text(json.dumps({"question": "1 + 1", "answer": "2"}) + "\n")
+    err = run_cli_error(capsys, [*base[:2], "--dataset", str(no_prompt), "--task", "grpo", "--reward", "answer",
+                                 "--output-dir", str(tmp_path / "r")])  # fmt: skip
+    assert "has no 'prompt' column (columns: question, answer)" in err
+    plain = tiny_llama(tmp_path / "plain", chat=False)
+    err = run_cli_error(capsys, ["--model", f"hf:{plain}", *base[2:], "--reward", "answer"])
+    assert "its tokenizer has no chat template, which chat prompts (lists of messages) need" in err
+    assert not (tmp_path / "r").exists()
+
+
+# --------------------------------------------------------------------------- it learns; it is exact
+
+
+@pytest.fixture(scope="module")
+def learnt(folders, tmp_path_factory):
+    run = tmp_path_factory.mktemp("learnt") / "run"
+    return in_process(run, *args(folders, "--max-steps", "16", "--num-generations", "8", "--lr", "1e-2")), run
+
+
+def test_the_reward_rises_and_every_figure_is_said(learnt):
+    summary, run = learnt
+    train = [m for m in read_metrics(run) if m["kind"] == "train"]
+    first, last = sum(m["reward"] for m in train[:4]) / 4, sum(m["reward"] for m in train[-4:]) / 4
+    print(f"reward (share of 1s) over the first 4 steps {first:.4f}, the last 4 {last:.4f}")
+    assert last > 3 * first and last > 0.004  # a random model writes a 1 about once in 400 tokens
+    assert summary["val_greedy_reward"] > summary["train_first"]["reward"]
+    for key in ("reward_std", "reward_ones", "flat_groups", "completion_length", "completion_length_max", "truncated",
+                "clipped_low", "clipped_high", "generating"):  # fmt: skip
+        assert key in train[-1], key
+    assert 0 < train[-1]["generating"] < 1 and summary["num_generations"] == 8 and summary["rewards"] == ["ones"]
+
+
+def test_accumulation_equals_one_batch_of_the_steps_completions(folders, tmp_path):
+    one = in_process(tmp_path / "one", *args(folders, "--max-steps", "3"))
+    four = in_process(tmp_path / "four", *args(folders, "--max-steps", "3", "--grad-accum-steps", "4"))
+    assert one["optimizer_steps"] == four["optimizer_steps"] == 3
+    diff = max_abs_diff(load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "four").state_dict())
+    assert diff < 1e-6, diff
+    losses = [
+        [m["loss"] for m in read_metrics(d) if m["kind"] == "train"] for d in (tmp_path / "one", tmp_path / "four")
+    ]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+
+
+@pytest.mark.launch
+def test_two_ranks_equal_one_rank_with_twice_the_prompts(folders, tmp_path):
+    one = in_process(tmp_path / "one", *args(folders, "--max-steps", "3"))
+    done = launch("multi_cpu.yaml", *args(folders, "--max-steps", "3", "--batch-size", "2"), "--output-dir",
+                  str(tmp_path / "two"))  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert read_summary(tmp_path / "two")["scenario"]["num_processes"] == 2 and one["optimizer_steps"] == 3
+    diff = max_abs_diff(load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "two").state_dict())
+    assert diff < 1e-6, diff
+
+
+@pytest.mark.launch
+def test_a_sigkilled_run_resumes_bit_for_bit(folders, tmp_path):
+    reference, victim = kill_and_resume(
+        tmp_path, args(folders, "--max-steps", "12", "--checkpoint-every-steps", "3"), 7
+    )
+    a, b = read_summary(reference), read_summary(victim)
+    assert a["last_weights_sha256"] == b["last_weights_sha256"] and b["resumed_from"]
