@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import kill_and_resume, max_abs_diff, read_metrics, read_summary, run_cli_error
 from hfchecks import STEPS, TOL, big_batch, check_two_ranks, in_process
-from hfmodels import bert_tokenizer, tiny_llama
+from hfmodels import bert_tokenizer, tiny_bert_mlm, tiny_llama
 from textdata import write_jsonl
 
 from anytrain import load_model
@@ -41,6 +41,7 @@ def folders(tmp_path_factory):
         "pairs": write_jsonl(root / "pairs.jsonl", preferences.rows(N, seed=3)),
         "llama": tiny_llama(root / "llama"),
         "distilbert": tiny_distilbert(root / "distilbert"),
+        "bert": tiny_bert_mlm(root / "bert"),
     }
 
 
@@ -143,7 +144,66 @@ def test_every_pair_format_learns_the_answer_tokens_only(folders):
         " no<|endoftext|>",
     ]
     joined = [{"chosen": t["prompt"] + t["chosen"], "rejected": t["prompt"] + t["rejected"]} for t in texts[:1]]
-    assert answers_of(tokenizer, encoded(tokenizer, joined * 2, "implicit"))[:2] == ["4<|endoftext|>", "5<|endoftext|>"]
+    # the shared beginning's last space begins the answers (as TRL splits them): the explicit pairs' answers
+    implicit_texts = encoded(tokenizer, joined * 2, "implicit")
+    assert answers_of(tokenizer, implicit_texts)[:2] == [" 4<|endoftext|>", " 5<|endoftext|>"]
+
+
+def question_pairs(n: int, form: str) -> list[dict]:
+    """n of the bundled pairs as text, "Q: question A: answer": implicit (chosen and rejected whole), or explicit
+    with the prompt ending in the space before the answer."""
+    rows = []
+    for row in preferences.rows(n, seed=4):
+        prompt = f"Q: {row['prompt'][-1]['content']} A: "
+        chosen, rejected = row["chosen"][0]["content"], row["rejected"][0]["content"]
+        if form == "implicit":
+            rows.append({"chosen": prompt + chosen, "rejected": prompt + rejected})
+        else:
+            rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    return rows
+
+
+def answer_tokens(tokenizer, rows: list[dict], form: str) -> list[list[int]]:
+    """Each sequence's answer tokens (chosen, rejected, chosen, ...), as the pairs are encoded for training."""
+    pairs = encoded(tokenizer, rows, form)
+    return [[t for t, a in zip(*map(list, pairs.sequence(k))) if a != -100] for k in range(2 * len(rows))]
+
+
+def test_implicit_text_pairs_score_every_answer_token_of_a_byte_level_bpe(folders):
+    """A byte-level BPE joins a word to the space before it (" 42" one token): the answer's first token holds the
+    space that ends the shared beginning, and it is the answer's, as are all of the answer's tokens."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folders["llama"])  # GPT-2's byte-level BPE (tests/hfmodels.py)
+    tokenizer.pad_token = tokenizer.eos_token
+    rows = question_pairs(60, "implicit")
+    texts = [row[k].split(" A: ", 1)[1] for row in rows for k in ("chosen", "rejected")]
+    got = answer_tokens(tokenizer, rows, "implicit")
+    answers = [tokenizer.decode(ids).lstrip() for ids in got]
+    lost = {k // 2 for k, (answer, text) in enumerate(zip(answers, texts)) if not answer.startswith(text)}
+    assert not lost, f"{len(lost)} of {len(rows)} pairs lose their answer's first token"  # 19 of 60 before the fix
+    end = tokenizer.eos_token
+    assert got == [tokenizer(f" {text}{end}")["input_ids"] for text in texts]  # the answer text's tokens, all
+
+
+def test_an_explicit_text_prompt_ending_in_a_space_scores_the_answers_first_token(folders):
+    """The prompt ends with the space a byte-level BPE joins to the answer's first word: the token is the answer's
+    (it holds answer characters), the space its only character from the prompt."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folders["llama"])
+    tokenizer.pad_token = tokenizer.eos_token
+    rows = question_pairs(60, "explicit")
+    texts = [row[k] for row in rows for k in ("chosen", "rejected")]
+    got = [tokenizer.decode(ids) for ids in answer_tokens(tokenizer, rows, "explicit")]
+    end = tokenizer.eos_token
+    lost = {k // 2 for k, (answer, text) in enumerate(zip(got, texts)) if answer not in (text + end, f" {text}{end}")}
+    assert not lost, f"{len(lost)} of {len(rows)} pairs lose their answer's first token"  # 19 of 60 before the fix
+    assert any(answer.startswith(" ") for answer in got)  # the BPE merged the space into some first tokens
+    from anytrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match="row 0 .*: its prompt has no token of its own"):  # " the": one token
+        encoded(tokenizer, [{"prompt": " th", "chosen": "e river", "rejected": "e stone"}], "explicit")
 
 
 def sequence_log_probs(model, rows, weights: torch.Tensor):
@@ -368,6 +428,43 @@ def test_bad_pairs_and_options_are_one_line_and_write_nothing(folders, tmp_path,
     )
     assert "has no causal-LM head in transformers, so it does not fit --task dpo" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("task", ["dpo", "sft", "lm"])
+def test_an_encoder_is_refused_where_a_causal_lm_is_trained(folders, tmp_path, capsys, task):
+    """BERT has a causal-LM class (BertLMHeadModel), but a masked-LM checkpoint's config says is_decoder=False: its
+    attention is bidirectional, each token sees the ones it is to predict. Refused in one line, nothing written."""
+    rows = {
+        "dpo": [{"prompt": f"the river {k} is", "chosen": " cold", "rejected": " warm"} for k in range(20)],
+        "sft": [{"prompt": f"the river {k} is", "completion": " cold"} for k in range(20)],
+        "lm": [{"text": f"the river {k} is cold and the stone is warm"} for k in range(20)],
+    }[task]
+    data = write_pairs(tmp_path / "data.jsonl", rows)
+    run = tmp_path / "run"
+    argv = ["--task", task, "--model", f"hf:{folders['bert']}", "--dataset", data, "--output-dir", str(run)]
+    err = run_cli_error(capsys, [*argv, "--max-length", "64"])
+    assert f"--model hf:{folders['bert']}: BertForMaskedLM" in err
+    assert "is not a causal LM" in err and "is_decoder=False" in err and "bidirectional" in err
+    assert not run.exists()
+
+
+def test_a_bert_decoder_is_a_causal_lm_and_an_encoder_may_score_pairs(folders, tmp_path):
+    """is_decoder=True makes BERT's attention causal (BertLMHeadModel as a decoder); a reward model is a sequence
+    classifier, for which a bidirectional encoder is the usual choice."""
+    import shutil
+
+    from anytrain import hf
+    from anytrain.config import parse_config
+    from anytrain.tasks.hf_lm import HFCausalLM
+    from anytrain.tasks.reward.task import RewardModel
+
+    decoder = shutil.copytree(folders["bert"], tmp_path / "decoder")
+    config = json.loads((decoder / "config.json").read_text())
+    (decoder / "config.json").write_text(json.dumps({**config, "is_decoder": True}))
+    cfg = parse_config(["--task", "dpo", "--model", f"hf:{decoder}", "--max-length", "64"])
+    assert hf.model_config(cfg, HFCausalLM.head, "dpo", None).is_decoder
+    cfg = parse_config(["--task", "reward", "--model", f"hf:{folders['bert']}", "--max-length", "64"])
+    assert hf.model_config(cfg, RewardModel.head, "reward", None, ["reward"]).num_labels == 1
 
 
 # --------------------------------------------------------------------------- the reward model

@@ -83,6 +83,10 @@ def test_the_targets_are_the_answers_and_their_end_of_turn_tokens():
     # prompt/completion text: the completion and the end-of-text token; as lists: the completion's turns
     pair = {"prompt": "Q: What is 2 + 2?\nA:", "completion": " 4"}
     assert learned(tokenizer, pair, "prompt-completion") == [" 4<|endoftext|>"]
+    # a prompt ending in the space the byte-level BPE joins to the completion's first word (" the"): that token holds
+    # completion characters, so it is learned
+    spaced = {"prompt": "Q: Where is the stone?\nA: ", "completion": "the river"}
+    assert learned(tokenizer, spaced, "prompt-completion") == [" the river<|endoftext|>"]
     turns = {"prompt": chat[:4], "completion": chat[4:]}
     assert learned(tokenizer, turns, "prompt-completion") == ["okab<|im_end|>\n"]
     [piece] = Renderer("messages", "messages", tokenizer, "rows", "train")({"messages": chat}, 0)

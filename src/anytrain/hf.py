@@ -20,6 +20,7 @@ from .config import ConfigError, TrainConfig, first_line
 
 PREFIX = "hf:"
 FOLDER = "hf"  # the run folder's save_pretrained output: run_dir/hf
+CAUSAL = "AutoModelForCausalLM"  # the Auto class of the tasks that train a causal LM (lm, sft, dpo)
 # A folder's tokenizer: without one of these, transformers 5 builds an empty tokenizer of special tokens only.
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -107,7 +108,8 @@ def load_tokenizer(cfg: TrainConfig):
 def model_config(cfg: TrainConfig, head: Head, task: str, pad_id: int | None, labels: list[str] | None = None):
     """The model's config for the task's head (with labels: num_labels, id2label, label2id from the data; the
     tokenizer's pad id), checked before anything is written: ConfigError when its architecture has no such
-    head in transformers or its positions are fewer than --max-length."""
+    head in transformers, a causal LM's attention would be bidirectional (both_ways) or its positions are fewer
+    than --max-length."""
     source = check_folder(cfg)
     module = transformers()
     extra = {}
@@ -126,6 +128,8 @@ def model_config(cfg: TrainConfig, head: Head, task: str, pad_id: int | None, la
         ) from None
     except OSError as e:
         raise ConfigError(f"--model hf:{source}: cannot read its config ({first_line(e)})") from None
+    if head.auto_class == CAUSAL:
+        check_causal(source, config, task)
     positions = max_positions(config)
     if head.positions and positions is not None and cfg.data.max_length > positions:
         raise ConfigError(
@@ -135,6 +139,33 @@ def model_config(cfg: TrainConfig, head: Head, task: str, pad_id: int | None, la
     if pad_id is not None:
         config.pad_token_id = pad_id
     return config
+
+
+def both_ways(config) -> str | None:
+    """The config's flag that leaves its causal-LM class attending both ways (an encoder: BERT, RoBERTa, ELECTRA,
+    XLM, ...), None when its attention is causal. transformers gives such architectures a causal-LM class, whose
+    attention is causal only when the config says so: is_decoder (XLM: causal); a masked-LM checkpoint says not.
+    Encoder-decoder configs (BART's ForCausalLM is its decoder) and decoder-only ones have no such switch."""
+    if (
+        getattr(config, "is_encoder_decoder", False)
+        or type(config) not in transformers().AutoModelForMaskedLM._model_mapping
+    ):
+        return None
+    if hasattr(config, "causal"):
+        return None if config.causal else "causal=False"
+    return None if getattr(config, "is_decoder", False) else "is_decoder=False"
+
+
+def check_causal(source: str, config, task: str) -> None:
+    """A task that trains a causal LM refuses a model whose attention would see the tokens it is to predict."""
+    flag = both_ways(config)
+    if flag is not None:
+        name = (getattr(config, "architectures", None) or [f"a {config.model_type} model"])[0]
+        raise ConfigError(
+            f"--model hf:{source}: {name} is not a causal LM ({flag}: bidirectional attention, each token would see "
+            f"the tokens it is trained to predict), so it does not fit --task {task}; give a decoder (GPT-2, Llama, "
+            "Qwen, ...), or train this encoder with --task mlm, classify, tag or reward"
+        )
 
 
 def read_config(source: str, extra: dict | None = None):

@@ -3,12 +3,15 @@
     prompt, chosen, rejected   text, or lists of {"role", "content"} messages (the prompt rendered by the chat
                                template with its generation prompt, each answer as the turns that follow it)
     chosen, rejected           implicit prompt: whole chats that share every turn but the last assistant answer
-                               (or texts: the prompt is their common beginning, up to its last space)
+                               (or texts: the prompt is their common beginning up to its last space or newline;
+                               a space there begins the answers, as TRL splits them, a newline ends the prompt)
 
 A pair becomes two token sequences, the prompt followed by each answer (text ends with the end-of-text token; a
-chat is rendered by the template). An answer's tokens are those whose first character lies after the prompt, so
-its end-of-turn token counts too. Bad rows are refused in one line naming the row: an empty answer, the same
-answer twice, implicit chats with different prompts, a prompt that leaves no room for an answer at --max-length.
+chat is rendered by the template). An answer's tokens are those that hold any of its characters, so its end-of-turn
+token counts too, and so does a first token that straddles the boundary (a byte-level BPE's " word" after a prompt
+ending in a space). Bad rows are refused in one line naming the row: an empty answer, the same answer twice,
+implicit chats with different prompts, a prompt that leaves no room for an answer at --max-length or has no token of
+its own (all of it joined to the answer's first token).
 An answer longer than the room left is cut at --max-length (said at start, with how many).
 """
 
@@ -49,8 +52,9 @@ def implicit_prompt(chosen, rejected, where: str):
     """(prompt, chosen answer, rejected answer) of chats or texts that share their prompt."""
     if isinstance(chosen, str) and isinstance(rejected, str):
         shared = os.path.commonprefix([chosen, rejected])
-        cut = max(shared.rfind(" "), shared.rfind("\n")) + 1
-        if not cut:
+        cut = max(shared.rfind(" "), shared.rfind("\n"))
+        cut += shared[cut : cut + 1] != " "  # a space begins the answer (TRL's split), a newline ends the prompt
+        if not chosen[:cut].strip():
             raise ConfigError(f"{where}: chosen and rejected share no prompt (implicit prompt: no common beginning)")
         return chosen[:cut], chosen[cut:], rejected[cut:]
     if not (isinstance(chosen, list) and isinstance(rejected, list)):
@@ -183,28 +187,39 @@ class PairRows(Rows):
         """Nothing is random in a pair's tokens."""
 
 
+def check_prompt(tokens: int, max_length: int, name: str, where: str) -> None:
+    """A prompt of `tokens` tokens must leave room for the answer, and hold a token of its own: the sequence's first
+    token is predicted by nothing, so an answer starting there would lose it."""
+    if not tokens:
+        raise ConfigError(
+            f"{where}: its prompt has no token of its own (the tokenizer joins it to the start of the {name} answer), "
+            "so the answer's first token could not be scored; lengthen the prompt"
+        )
+    if tokens >= max_length:
+        raise ConfigError(
+            f"{where}: its prompt is {tokens} tokens, which leaves no room for the {name} answer at --max-length "
+            f"{max_length} (the answer would be cut entirely; raise --max-length or shorten the prompt)"
+        )
+
+
 def encode(ds, renderer: PairRenderer, max_length: int):
     """The split as a datasets.Dataset of each pair's two sequences (token ids, answer flags), cut at --max-length,
-    and how many answers were cut. ConfigError naming the row (as read) when a prompt leaves no room for an answer."""
+    and how many answers were cut. ConfigError naming the row (as read) when a prompt leaves no room for an answer
+    or has no token of its own."""
     import datasets
 
     if len(ds) == 0:
         raise ConfigError(f"--dataset: the {renderer.split} split of {renderer.source} is empty")
     ids, answers, cut = [], [], 0
     for index, row in enumerate(ds):
+        where = f"--dataset: row {index} of the {renderer.split} split of {renderer.source}"
         for (text, start), name in zip(renderer(row, index), (CHOSEN, REJECTED)):
             plain = not isinstance(
                 row[CHOSEN], list
             )  # text gets the tokenizer's own special tokens; a chat, its template's
             tokens, labels = tokenise(renderer.tokenizer, text, [(start, len(text))], plain)
             answer = [label != IGNORE for label in labels]
-            prompt = answer.index(True) if True in answer else len(answer)
-            if prompt >= max_length:
-                raise ConfigError(
-                    f"--dataset: row {index} of the {renderer.split} split of {renderer.source}: its prompt is "
-                    f"{prompt} tokens, which leaves no room for the {name} answer at --max-length {max_length} (the "
-                    "answer would be cut entirely; raise --max-length or shorten the prompt)"
-                )
+            check_prompt(answer.index(True) if True in answer else len(answer), max_length, name, where)
             cut += len(tokens) > max_length
             ids.append(tokens[:max_length])
             answers.append(answer[:max_length])

@@ -7,8 +7,9 @@
 
 The loss is on the assistant's (or the completion's) tokens only: a conversation is rendered once, each
 assistant turn's characters found by rendering the turns before it (with the generation prompt) and the
-turns through it, and a token is a target when its first character lies in such a span, so the turn's
-end-of-turn token is learned too (the model learns to stop). Every other token's target is -100.
+turns through it, and a token is a target when it holds any character of such a span, so the turn's
+end-of-turn token is learned too (the model learns to stop), and so is a first token that straddles the span's
+start (a byte-level BPE's " word" after a prompt ending in a space). Every other token's target is -100.
 
 The training split is packed (--packing, data/packing.py: conversations whole into rows, long ones split)
 or truncated at --max-length; validation and test keep one conversation a row, truncated at --max-length,
@@ -149,10 +150,12 @@ class Renderer:
 
 
 def tokenise(tokenizer, text: str, spans: list[tuple[int, int]], plain: bool) -> tuple[list[int], list[int]]:
-    """The text's ids and labels: a token's own id where its first character is in a span, else -100."""
+    """The text's ids and labels: a token's own id where it holds any character of a span, else -100. A token that
+    straddles a span's start is the span's: a byte-level BPE joins a word to the space before it (" 42" one token),
+    so a prompt ending in a space would otherwise keep the answer's first token."""
     enc = tokenizer(text, add_special_tokens=plain, return_offsets_mapping=True)
     labels = [
-        token if end > start and any(a <= start < b for a, b in spans) else IGNORE
+        token if end > start and any(start < b and a < end for a, b in spans) else IGNORE
         for token, (start, end) in zip(enc["input_ids"], enc["offset_mapping"])
     ]
     return enc["input_ids"], labels
