@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import kill_and_resume, launch, max_abs_diff, read_metrics, read_summary, run_cli_error
 from hfchecks import in_process
-from hfmodels import tiny_llama
+from hfmodels import tiny_bert_mlm, tiny_llama
 
 from anytrain import load_model
 from anytrain.config import ConfigError
@@ -252,6 +252,9 @@ def test_bad_input_is_one_line_each(folders, capsys, tmp_path):
     err = run_cli_error(capsys, [*base[:2], "--dataset", str(no_prompt), "--task", "grpo", "--reward", "answer",
                                  "--output-dir", str(tmp_path / "r")])  # fmt: skip
     assert "has no 'prompt' column (columns: question, answer)" in err
+    bert = tiny_bert_mlm(tmp_path / "bert")  # an encoder: its attention sees the tokens it would predict
+    err = run_cli_error(capsys, ["--model", f"hf:{bert}", *base[2:], "--task", "grpo", "--reward", "answer"])
+    assert "BertForMaskedLM is not a causal LM (is_decoder=False: bidirectional attention" in err
     plain = tiny_llama(tmp_path / "plain", chat=False)
     err = run_cli_error(capsys, ["--model", f"hf:{plain}", *base[2:], "--reward", "answer"])
     assert "its tokenizer has no chat template, which chat prompts (lists of messages) need" in err
