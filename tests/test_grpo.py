@@ -217,6 +217,17 @@ def test_reward_functions_get_the_datasets_columns_and_none_leaves_a_value_out(f
     assert total(table, rewards).tolist() == [1.0, -0.25, 2.0]  # the None left out of row 1's sum
 
 
+def test_the_bundled_questions_are_prompts_with_answers_the_answer_reward_checks():
+    from anytrain.data.instructions import load_questions
+    from anytrain.tasks.grpo.prompts import is_prompts
+    from anytrain.tasks.grpo.rewards import answer_reward
+
+    ds = load_questions()
+    assert is_prompts(ds.column_names) and len(ds) == 4000 and ds[0]["prompt"][-1]["role"] == "user"
+    said = [[{"role": "assistant", "content": text}] for text in ("45", " 45\n", "4 5", "45.")]
+    assert answer_reward(None, said, None, answer=["45"] * 4) == [1.0, 1.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize(
     "name, said",
     [

@@ -1,5 +1,6 @@
 """`--dataset instructions`: a generated chat set whose answers can be checked exactly, for fine-tuning a
-transformers causal LM offline (`--task sft`). Made at run time from a fixed seed (no file, no network):
+transformers causal LM offline (`--task sft`; `--dataset questions`: the same rows as prompts and answers, for
+`--task grpo`). Made at run time from a fixed seed (no file, no network):
 ROWS conversations in TRL's `messages` form (`[{"role": ..., "content": ...}, ...]`), each a user
 question and the assistant's one answer, some with a system line, some with an earlier exchange first.
 
@@ -74,3 +75,13 @@ def load_instructions():
     import datasets
 
     return datasets.Dataset.from_list(rows())
+
+
+def load_questions():
+    """`--dataset questions`: the same generated set as prompts for --task grpo (columns: prompt, every turn before
+    the last answer; answer, that answer's text, checked exactly by --reward answer; kind)."""
+    import datasets
+
+    return datasets.Dataset.from_list(
+        [{"prompt": r["messages"][:-1], "answer": r["messages"][-1]["content"], "kind": r["kind"]} for r in rows()]
+    )

@@ -136,6 +136,10 @@ def open_dataset(name: str, streaming: bool = False, folder=None):
         from .instructions import ROWS, load_instructions
 
         return load_instructions(), f"{name} (bundled: {ROWS} generated chats with checkable answers)"
+    if name == "questions":
+        from .instructions import ROWS, load_questions
+
+        return load_questions(), f"{name} (bundled: {ROWS} generated questions, each with its checkable answer)"
     if name == "preferences":
         from .preferences import ROWS, load_preferences
 

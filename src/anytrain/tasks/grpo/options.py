@@ -18,8 +18,8 @@ class GRPOOptions:
         [],
         "grpo: the reward functions, each FILE.py:function or module:function with TRL's signature "
         "fn(prompts, completions, completion_ids, **columns) -> list[float | None], or a built-in: answer (1.0 where "
-        "the completion's last number or word equals the row's answer column), format:REGEX (1.0 where the "
-        "completion matches), length:N (minus the share of N tokens the completion goes past N... 0 within)",
+        "the completion, stripped, is the row's answer column), format:REGEX (1.0 where the completion matches the "
+        "pattern from its start), length:N (0 up to N tokens, minus the share of N it runs past them)",
     )
     reward_weights: list[float] = option([], "grpo: one weight per --reward (default: 1.0 each)")
     num_generations: int = option(8, "grpo: completions sampled per prompt (a group: G)", bounds="[2, inf)")

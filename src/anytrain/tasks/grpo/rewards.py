@@ -23,8 +23,6 @@ import torch
 from ...config import ConfigError, first_line
 from ...usermodel import import_attr
 
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
 
 @dataclass(frozen=True)
 class Reward:
@@ -39,16 +37,10 @@ def text_of(completion) -> str:
 
 
 def answer_reward(prompts, completions, completion_ids, answer=None, **columns) -> list[float | None]:
-    """1.0 where the completion's last number (else its last word) equals the row's `answer`, else 0.0."""
+    """1.0 where the completion, stripped, is the row's `answer`, else 0.0 (exact match, as sft's evaluation)."""
     if answer is None:
         raise ValueError("the dataset has no 'answer' column")
-    scores: list[float | None] = []
-    for completion, expected in zip(completions, answer):
-        text = text_of(completion).strip()
-        numbers = NUMBER.findall(text)
-        said = numbers[-1] if numbers else (text.split()[-1] if text.split() else "")
-        scores.append(float(said == str(expected).strip()))
-    return scores
+    return [float(text_of(c).strip() == str(expected).strip()) for c, expected in zip(completions, answer)]
 
 
 def format_reward(pattern: str) -> Callable:
