@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -318,9 +319,12 @@ def test_two_ranks_equal_one_rank_with_twice_the_prompts(folders, tmp_path):
 
 
 @pytest.mark.launch
-def test_a_sigkilled_run_resumes_bit_for_bit(folders, tmp_path):
-    reference, victim = kill_and_resume(
-        tmp_path, args(folders, "--max-steps", "12", "--checkpoint-every-steps", "3"), 7
-    )
+def test_a_sigkilled_run_resumes_bit_for_bit_also_inside_a_rollout(folders, tmp_path):
+    """Two steps per rollout and a checkpoint every 3: the resume starts inside a rollout, whose completions and
+    old log-probabilities come back from the checkpoint (each process's own file); the sampling needs nothing."""
+    flags = args(folders, "--max-steps", "8", "--checkpoint-every-steps", "3", "--grpo-iterations", "2")
+    reference, victim = kill_and_resume(tmp_path, [*flags, "--keep-checkpoints", "9"], 4)
     a, b = read_summary(reference), read_summary(victim)
-    assert a["last_weights_sha256"] == b["last_weights_sha256"] and b["resumed_from"]
+    assert a["last_weights_sha256"] == b["last_weights_sha256"]
+    assert b["resumed_from"].endswith("step-000003")  # after the first of rollout 2's two steps
+    assert (Path(b["resumed_from"]) / "task_0.safetensors").is_file()

@@ -26,7 +26,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from .best import changing_tensors
 from .config import OPTIONS, ConfigError, TrainConfig, saved_options, with_defaults
@@ -89,10 +89,18 @@ def write_pointer(run_dir: Path, name: str, target: Path) -> None:
 
 
 def save_checkpoint(
-    accelerator, run_dir: Path, step: int, keep: int, is_best: bool, state: dict, tensors: dict | None = None
+    accelerator,
+    run_dir: Path,
+    step: int,
+    keep: int,
+    is_best: bool,
+    state: dict,
+    tensors: dict | None = None,
+    rank_tensors: dict | None = None,
 ) -> Path:
     """Every rank calls this together (save_state is collective and writes each rank's RNG state).
-    `state` is what progress.json holds: plain JSON values; `tensors` more safetensors files, by name."""
+    `state` is what progress.json holds: plain JSON values; `tensors` more safetensors files, by name (the main
+    process writes them); `rank_tensors` this process's own (the task's rank_state), in task_RANK.safetensors."""
     folder = run_dir / CHECKPOINTS
     final = folder / checkpoint_name(step)
     tmp = folder / f".tmp-{checkpoint_name(step)}"
@@ -105,6 +113,8 @@ def save_checkpoint(
             (tmp / PROGRESS).write_text(json.dumps({**state, "num_processes": accelerator.num_processes}, indent=1))
             for name, named_tensors in (tensors or {}).items():
                 save_file(named_tensors, str(tmp / name))
+        if rank_tensors:
+            save_file({k: v.contiguous().cpu() for k, v in rank_tensors.items()}, str(tmp / rank_file(accelerator)))
     except Exception as e:  # noqa: BLE001 - OSError, safetensors' own error type around one, or another: one line
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(write_failure(e, final.name, folder)) from None
@@ -134,6 +144,17 @@ def write_failure(e: Exception, name: str, folder: Path) -> str:
     if isinstance(e, OSError) or any(text in str(e) for text in STORAGE_ERRORS):
         return f"{what} ({reason}): disk full or a file-size limit? {kept}; free space, then --resume"
     return f"{what}: {type(e).__name__}: {reason}. {kept}"
+
+
+def rank_file(accelerator) -> str:
+    """The checkpoint file of this process's own task tensors (Task.rank_state)."""
+    return f"task_{accelerator.process_index}.safetensors"
+
+
+def rank_state(accelerator, checkpoint: Path) -> dict:
+    """This process's task tensors from a checkpoint; {} where it saved none."""
+    path = checkpoint / rank_file(accelerator)
+    return load_file(str(path)) if path.is_file() else {}
 
 
 def save_what_trains(accelerator) -> None:

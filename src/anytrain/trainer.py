@@ -33,6 +33,7 @@ from .checkpoint import (
     Progress,
     find_resume_checkpoint,
     load_checkpoint,
+    rank_state,
     read_pointer,
     resolve_auto_resume,
     save_checkpoint,
@@ -327,6 +328,7 @@ def prepare_parts(context: RunContext, task: Task, data: Splits, reason: str, re
         progress.load_state_dict(state["progress"])
         scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
         task.load_state_dict(state.get("task", {}))  # what the task keeps across a kill
+        task.load_rank_state(rank_state(accelerator, resume_from))  # ... and each process's own tensors
         accelerator.print(f"anytrain: resuming from {resume_from} at epoch {progress.epoch}, step {progress.step}")
     open_run_folder(cfg, accelerator, progress.step if resume_from else None, data.files)
     test_loader = loaders[2] if len(loaders) > 2 else None
@@ -621,6 +623,7 @@ class Loop:
                 is_best=progress.best_step == progress.step,
                 state=state,
                 tensors=self.best.to_save(progress.step),
+                rank_tensors=self.parts.task.rank_state(),  # each process's own (grpo: a rollout in progress)
             )
 
 

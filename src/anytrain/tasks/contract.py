@@ -23,6 +23,7 @@ the run context a task's step is given (`RunContext`), and the optional capabili
         def train_step(self, ctx, batch) -> Tensor       # one batch's loss; by default forward, then loss
         def on_run_start(self, ctx)                      # once, before step 1: what the task prepares
         def state_dict(self) / load_state_dict(state)    # what it keeps across a kill (in the checkpoint)
+        def rank_state(self) / load_rank_state(tensors)  # ... each process's own tensors (a file each)
 
 The loop, predict, sample and reload call nothing else on a task.
 """
@@ -179,6 +180,14 @@ class Task(abc.ABC):
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict returned (a resumed run)."""
+
+    def rank_state(self) -> dict[str, torch.Tensor]:
+        """Tensors this process keeps across a kill that differ between processes (grpo: a rollout in progress):
+        each process's own file in the checkpoint, given back to load_rank_state on resume. None by default."""
+        return {}
+
+    def load_rank_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what rank_state returned ({} where the checkpoint holds none)."""
 
     def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
         """Per-sample statistics of one evaluation batch: of the forward pass (a generating task also generates)."""

@@ -89,6 +89,7 @@ class GroupRelative(SupervisedFineTuning):
         self.figures = Figures()
         self.frozen: nn.Module | None = None  # --kl-beta without LoRA: the starting model, frozen
         self.last_counts = (0, 0)  # the last micro-batch's completions and completion tokens
+        self.device = torch.device("cpu")  # the run's (on_run_start)
 
     # --------------------------------------------------------------------------- data and model
     def load_data(self, given=None) -> Splits:
@@ -135,6 +136,7 @@ class GroupRelative(SupervisedFineTuning):
 
     def on_run_start(self, ctx: RunContext) -> None:
         """The start-up line; with --kl-beta and full fine-tuning, a frozen copy of the starting model."""
+        self.device = ctx.accelerator.device
         if self.o.kl_beta > 0 and not self.cfg.model.lora_r:
             import copy
 
@@ -222,6 +224,26 @@ class GroupRelative(SupervisedFineTuning):
         for name, values in source.columns.items():
             args[name] = [values[r] for r in rows for _ in range(per_row)]
         return scores(self.rewards, args, lambda k: f"completion {k % per_row} of {split} row {rows[k // per_row]}")
+
+    # --------------------------------------------------------------------------- a rollout across a kill
+    def rank_state(self) -> dict[str, torch.Tensor]:
+        """With --grpo-iterations above 1, the rollout in progress (a checkpoint may fall inside it): its completions
+        and the log-probabilities of the policy that sampled them cannot be made again from later weights."""
+        r = self.rollout
+        if r is None or self.o.grpo_iterations == 1:
+            return {}
+        rows = r.rows
+        out = {"ids": rows.ids, "mask": rows.mask, "positions": rows.positions, "completion": rows.completion,
+               "truncated": rows.truncated, "advantages": r.advantages, "keep": r.keep,
+               "share": torch.tensor(r.share, dtype=torch.float64), "width": torch.tensor(rows.width)}  # fmt: skip
+        return {**out, **{k: v for k, v in (("old", r.old), ("ref", r.ref)) if v is not None}}
+
+    def load_rank_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        if not tensors:
+            return
+        t = {k: v.to(self.device) for k, v in tensors.items()}
+        rows = Completions(t["ids"], t["mask"], t["positions"], t["completion"], t["truncated"], int(t["width"]))
+        self.rollout = Rollout(rows, t["advantages"], t["keep"], t.get("old"), t.get("ref"), float(t["share"]))
 
     # --------------------------------------------------------------------------- the start-up check, the counts
     def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
