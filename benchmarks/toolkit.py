@@ -33,19 +33,13 @@ WORKLOADS = {
     "large": ("synthetic 22k x 784, MLP 784-1024-1024-10, batch 256", LARGE, 256, 60),
 }
 
-# Dense (no sparsity) peak TFLOP/s by device name fragment, most specific first: (fp32 without TF32,
-# bf16/fp16 tensor cores). Vendor data sheets.
-GPU_PEAKS = {
-    "H200": (67.0, 989.0), "H100 SXM": (67.0, 989.0), "H100 80GB HBM3": (67.0, 989.0), "H100 NVL": (60.0, 835.0),
-    "H100 PCIe": (51.0, 756.0), "H100": (67.0, 989.0), "A100": (19.5, 312.0), "L40S": (91.6, 362.0),
-    "L4": (30.3, 121.0), "A10G": (31.2, 70.0), "A10": (31.2, 125.0), "V100": (15.7, 125.0), "T4": (8.1, 65.0),
-    "RTX 4090": (82.6, 165.0), "RTX 3090": (35.6, 71.0),
-}  # fmt: skip
-
 
 def gpu_peak(name: str) -> tuple[float, float] | None:
-    """(fp32, bf16) dense peak TFLOP/s of the GPU called `name`, None when it is not in the table."""
-    return next((peak for key, peak in GPU_PEAKS.items() if key.lower() in name.lower()), None)
+    """(fp32, bf16) dense peak TFLOP/s of the GPU called `name` (the table's home: anytrain/flops.py, which every
+    summary.json's MFU uses), None when it is not in the table. Imported here on use: torch loads with it."""
+    from anytrain.flops import gpu_peak as peak
+
+    return peak(name)
 
 
 def parser(doc: str, **defaults) -> argparse.ArgumentParser:

@@ -372,6 +372,13 @@ class RunConfig:
     run_name: str = option(
         "", "the run's name in the tracker (default: the --output-dir folder's name)", resumable=True
     )
+    peak_tflops: float = option(
+        0.0,
+        "one device's peak TFLOP/s for the MFU in summary.json and the last line; 0 = a table of GPUs by name and "
+        "precision, a CPU's measured by a short matrix product",
+        bounds=NON_NEGATIVE,
+        resumable=True,
+    )
     ddp_bucket_mb: int = option(
         0,
         "several processes: gradients are all-reduced in buckets of this many MB while the backward "

@@ -27,7 +27,7 @@ from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import IMPORTED_AT
+from . import IMPORTED_AT, flops
 from .best import BestWeights, Criterion
 from .checkpoint import (
     Progress,
@@ -627,6 +627,17 @@ class Loop:
             )
 
 
+def utilisation_of(cfg: TrainConfig, parts: Parts, summary: dict) -> dict:
+    """The model's training FLOPs, the rate achieved over the run and the MFU (flops.py), from the summary's rates."""
+    data, accelerator = parts.data, parts.accelerator
+    context = data.tokens_per_sample or data.shape.max_length or 1
+    rates = {k: summary.get(k) for k in ("samples_per_s", "tokens_per_s")}
+    precision, processes = summary["scenario"]["mixed_precision"], accelerator.num_processes
+    model = model_of(accelerator, parts.model)
+    return flops.utilisation(model, data.shape, context, rates, processes, accelerator.device, precision,
+                             cfg.run.peak_tflops)  # fmt: skip
+
+
 def write_curves(run_dir: Path) -> None:
     """curves.png beside metrics.jsonl when matplotlib is there; a picture never fails a finished run."""
     try:
@@ -689,6 +700,7 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
         **progress.data,
         "scenario": outcome["scenario"],
     }
+    summary.update(utilisation_of(cfg, parts, summary))  # FLOPs, the FLOP rate achieved, MFU (flops.py)
     if accelerator.is_main_process:
         save_weights(state_dict, run_dir / WEIGHTS, cfg, {**task.weights_metadata(), META_KEY: task.key})
         export = exporter(task)  # a task that offers it: a transformers model's save_pretrained
@@ -701,7 +713,7 @@ def finish(cfg: TrainConfig, parts: Parts, loop: Loop, outcome: dict, started: f
         which = describe_weights(weights, progress, loop.best_by.metric)
         accelerator.print(
             f"anytrain: {', '.join(f'{k} {v:.4f}' for k, v in final.items())} ({which}), "
-            f"{summary['wall_time_s']:.1f}s, run folder {run_dir}"
+            f"{summary['wall_time_s']:.1f}s{flops.said(summary)}, run folder {run_dir}"
         )
     loop.log.close()
     accelerator.end_training()

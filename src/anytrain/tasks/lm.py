@@ -78,7 +78,7 @@ class LanguageModel(Task):
     def describe_data(self, model: nn.Module) -> dict:
         described = super().describe_data(model)
         if isinstance(model, GPT):  # the registry's GPT (MFU in benchmarks/lm_gpu.py)
-            described.update(parameters=model.num_parameters(), flops_per_token=model.flops_per_token())
+            described.update(parameters=model.num_parameters())  # its FLOPs: flops.py, in summary.json
         return described
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
