@@ -290,6 +290,8 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     say_task(accelerator, settled, task, data)
     check_run_folder(cfg)
     model = task.build_model(given.model)
+    for line in task.said:  # what the task said of its model (a fused loss, packing, LoRA's adapters)
+        accelerator.print(f"anytrain: {line}")
     forward = forward_for(model, task.targets_to_model)  # model(inputs), + the targets if it computes its own loss
     criterion = training_loss(task, user_loss)
     who = "--loss" if user_loss is not None else f"--model {cfg.model.name}"

@@ -117,6 +117,12 @@ class Task(abc.ABC):
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        self.said: list[str] = []  # lines for the start-up log (say); the loop prints them after build_model
+
+    def say(self, line: str) -> None:
+        """A line about the model or the data for the start-up log: the loop prints it, once, from the main
+        process (a task reaches for no global state to print)."""
+        self.said.append(line)
 
     # --------------------------------------------------------------------------- required
     @abc.abstractmethod

@@ -89,39 +89,29 @@ class Transformers(Task):
         if self.cfg.model.gradient_checkpointing:
             hf.checkpoint_activations(model)
         if self.cfg.model.lora_r:  # the weights frozen, adapters beside them trained
-            from accelerate.state import PartialState
-
-            say = PartialState().print
-            model = lora.wrap(
-                model, lora.settings(self.cfg), self.head.auto_class, lambda line: say(f"anytrain: {line}")
-            )
+            model = lora.wrap(model, lora.settings(self.cfg), self.head.auto_class, self.say)
         return model
 
     def fused_loss(self, model: nn.Module) -> None:
         """The loss from the output layer a chunk of tokens at a time, never the full logits (lmhead.py)."""
-        from accelerate.state import PartialState
-
         from .. import lmhead
 
         why = lmhead.install(model)
-        say = PartialState().print
         if why is None:
             chunk = lmhead.chunk_of(model)
-            say(f"anytrain: the loss is taken from the output layer {chunk} tokens at a time (no full logits)")
+            self.say(f"the loss is taken from the output layer {chunk} tokens at a time (no full logits)")
         else:
-            say(f"anytrain: the model computes its own loss from its full logits: {why}")
+            self.say(f"the model computes its own loss from its full logits: {why}")
         router = lmhead.describe_router(model)
         if router is not None:
-            say(f"anytrain: a mixture of experts: {router}")
+            self.say(f"a mixture of experts: {router}")
 
     def keep_texts_apart(self, model: nn.Module) -> None:
         """--packing: how this model keeps the texts of a row apart, checked on it (packed.py), or refused."""
-        from accelerate.state import PartialState
-
         from .. import packed
 
         self.packed_by = packed.keep_apart(model)
-        PartialState().print(f"anytrain: --packing: {packed.SAID[self.packed_by]}")
+        self.say(f"--packing: {packed.SAID[self.packed_by]}")
 
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
         from .. import hf

@@ -128,10 +128,7 @@ class GroupRelative(SupervisedFineTuning):
         if self.cfg.model.gradient_checkpointing:
             hf.checkpoint_activations(model)
         if self.cfg.model.lora_r:
-            from accelerate.state import PartialState
-
-            say = PartialState().print
-            model = lora.wrap(model, lora.settings(self.cfg), self.head.auto_class, lambda s: say(f"anytrain: {s}"))
+            model = lora.wrap(model, lora.settings(self.cfg), self.head.auto_class, self.say)
         return model
 
     def on_run_start(self, ctx: RunContext) -> None:
