@@ -42,48 +42,99 @@ def chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return F.linear(hidden, weight, bias).float()  # in autocast's dtype when it is on; the softmax in float32
 
 
-class LinearCrossEntropy(torch.autograd.Function):
-    """sum over targets of cross_entropy(hidden @ weight.T + bias, labels), hidden (N, H), labels (N,) with
-    -100 for none. The forward pass also computes the gradients (chunk by chunk); backward scales them."""
+class ChunkedNLL(torch.autograd.Function):
+    """The output layer's negative log-likelihood of the targets, a chunk of tokens at a time, summed by group: for
+    hidden (N, H) and labels (N,) (-100: none), out[g] = the sum over group g's tokens of
+    logsumexp(logits) - logits[label], logits = hidden @ weight.T + bias. One chunk's logits exist at a time.
+
+    The one function behind the fused LM loss (groups None: out is a scalar, the sum over every target) and dpo's
+    sequences' log-probabilities (groups: each token's sequence, `count` of them). One group: the forward pass also
+    computes the gradients while each chunk's logits exist, and backward scales them (nothing recomputed). Several
+    groups: backward recomputes each chunk's logits (in the dtype the forward used), as each group's upstream
+    gradient is its own."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk: int):  # type: ignore[override]
-        grads = ctx.needs_input_grad[:3]
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        grad_hidden = torch.zeros_like(hidden) if grads[0] else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if grads[1] else None
-        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and grads[2] else None
-        for start in range(0, hidden.shape[0], chunk):
-            h, y = hidden[start : start + chunk], labels[start : start + chunk]
-            valid = y != IGNORE
-            logits = chunk_logits(h, weight, bias)
-            log_z = logits.logsumexp(-1)
-            picked = logits.gather(1, y.clamp(min=0).unsqueeze(1)).squeeze(1)
-            total += ((log_z - picked) * valid).sum()
-            if not any(grads):
-                continue
-            g = logits.sub_(log_z.unsqueeze(1)).exp_()  # softmax, in place of the logits
-            # minus the one-hot target, by a scatter: indexing by the mask would wait for the GPU at every chunk
-            g.scatter_add_(1, y.clamp(min=0).unsqueeze(1), -valid.unsqueeze(1).to(g.dtype))
-            g.mul_(valid.unsqueeze(1))
-            if grad_hidden is not None:
-                grad_hidden[start : start + chunk] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
-            if grad_weight is not None:
-                grad_weight += g.T @ h.float()
-            if grad_bias is not None:
-                grad_bias += g.sum(0)
-        ctx.save_for_backward(*(t for t in (grad_hidden, grad_weight, grad_bias) if t is not None))
-        ctx.present = [t is not None for t in (grad_hidden, grad_weight, grad_bias)]
+    def forward(ctx, hidden, weight, bias, labels, groups, count: int, chunk: int):  # type: ignore[override]
+        ctx.chunk, ctx.grouped = chunk, groups is not None
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
-        return total
+        if groups is None:
+            total, grads = one_group(hidden, weight, bias, labels, chunk, ctx.needs_input_grad[:3])
+            ctx.present = [t is not None for t in grads]
+            ctx.save_for_backward(*(t for t in grads if t is not None))
+            return total
+        ctx.dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled() else weight.dtype
+        out = torch.zeros(count, dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            y, valid = labels[start : start + chunk], labels[start : start + chunk] != IGNORE
+            logits = cast_logits(hidden[start : start + chunk], weight, bias, ctx.dtype)
+            picked = logits.gather(1, y.clamp(min=0).unsqueeze(1)).squeeze(1)
+            out.index_add_(0, groups[start : start + chunk].clamp(min=0), (logits.logsumexp(-1) - picked) * valid)
+        ctx.save_for_backward(hidden, weight, bias, labels, groups)
+        return out
 
     @staticmethod
-    def backward(ctx, grad_total):  # type: ignore[override]
-        saved = iter(ctx.saved_tensors)
-        grads = [
-            (next(saved) * grad_total).to(dtype) if present else None for present, dtype in zip(ctx.present, ctx.dtypes)
-        ]
-        return *grads, None, None
+    def backward(ctx, grad_out):  # type: ignore[override]
+        if not ctx.grouped:
+            saved = iter(ctx.saved_tensors)
+            scaled = [(next(saved) * grad_out).to(d) if p else None for p, d in zip(ctx.present, ctx.dtypes)]
+            return *scaled, None, None, None, None
+        return *recomputed(ctx, grad_out), None, None, None, None
+
+
+def cast_logits(hidden: torch.Tensor, weight: torch.Tensor, bias, dtype: torch.dtype) -> torch.Tensor:
+    """A chunk's logits in float32, the matrix product in `dtype` (autocast's, kept for the backward's recompute)."""
+    return F.linear(hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)).float()
+
+
+def one_group(hidden, weight, bias, labels, chunk: int, needed) -> tuple[torch.Tensor, list]:
+    """The sum over every target, and the gradients of hidden, weight and bias (those `needed`), chunk by chunk."""
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    grad_hidden = torch.zeros_like(hidden) if needed[0] else None
+    grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needed[1] else None
+    grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and needed[2] else None
+    for start in range(0, hidden.shape[0], chunk):
+        h, y = hidden[start : start + chunk], labels[start : start + chunk]
+        valid = y != IGNORE
+        logits = chunk_logits(h, weight, bias)
+        log_z = logits.logsumexp(-1)
+        picked = logits.gather(1, y.clamp(min=0).unsqueeze(1)).squeeze(1)
+        total += ((log_z - picked) * valid).sum()
+        if not any(needed):
+            continue
+        g = logits.sub_(log_z.unsqueeze(1)).exp_()  # softmax, in place of the logits
+        # minus the one-hot target, by a scatter: indexing by the mask would wait for the GPU at every chunk
+        g.scatter_add_(1, y.clamp(min=0).unsqueeze(1), -valid.unsqueeze(1).to(g.dtype))
+        g.mul_(valid.unsqueeze(1))
+        if grad_hidden is not None:
+            grad_hidden[start : start + chunk] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
+        if grad_weight is not None:
+            grad_weight += g.T @ h.float()
+        if grad_bias is not None:
+            grad_bias += g.sum(0)
+    return total, [grad_hidden, grad_weight, grad_bias]
+
+
+def recomputed(ctx, grad_out: torch.Tensor) -> list:
+    """The grouped backward: each chunk's logits again, (softmax - one-hot) x its tokens' groups' gradients."""
+    hidden, weight, bias, labels, groups = ctx.saved_tensors
+    needed = ctx.needs_input_grad
+    grad_hidden = torch.empty_like(hidden) if needed[0] else None
+    grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needed[1] else None
+    grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and needed[2] else None
+    for start in range(0, hidden.shape[0], ctx.chunk):
+        h, y = hidden[start : start + ctx.chunk], labels[start : start + ctx.chunk]
+        valid = (y != IGNORE).unsqueeze(1)
+        g = cast_logits(h, weight, bias, ctx.dtype).softmax(-1)
+        g.scatter_add_(1, y.clamp(min=0).unsqueeze(1), -torch.ones_like(g[:, :1]))
+        g.mul_(valid * grad_out[groups[start : start + ctx.chunk].clamp(min=0)].unsqueeze(1))
+        if grad_hidden is not None:
+            grad_hidden[start : start + ctx.chunk] = (g.to(ctx.dtype) @ weight.to(ctx.dtype)).to(hidden.dtype)
+        if grad_weight is not None:
+            grad_weight += g.T @ h.float()
+        if grad_bias is not None:
+            grad_bias += g.sum(0)
+    grads = (grad_hidden, grad_weight, grad_bias)
+    return [None if g is None else g.to(d) for g, d in zip(grads, ctx.dtypes)]
 
 
 @torch.no_grad()
@@ -178,7 +229,7 @@ def fused_forward(own_forward):
             count = stats["tokens"].sum().clamp(min=1)
             return FusedOutput(stats["token_loss"].sum() / count, stats)
         flat = hidden.reshape(-1, hidden.shape[-1])
-        total = LinearCrossEntropy.apply(flat, head.weight, head.bias, targets.reshape(-1), chunk)
+        total = ChunkedNLL.apply(flat, head.weight, head.bias, targets.reshape(-1), None, 1, chunk)
         count = num_items_in_batch if num_items_in_batch is not None else (targets != IGNORE).sum().clamp(min=1)
         loss = total / count
         if router:

@@ -1,8 +1,8 @@
 """Each sequence's log-probability of its completion, from a transformers causal LM, without full-vocabulary
 logits: the output layer is applied to the completion's positions only (a prompt's tokens need no logits), a chunk
-of them at a time (lmhead.py's chunking), and the backward pass recomputes each chunk's logits rather than keeping
-them. A model whose logits lmhead.py cannot take from its output layer (rescaled logits, a sharded layer) gets them
-from its own forward.
+of them at a time (lmhead.ChunkedNLL, the one function the fused LM loss uses too, summed per sequence), and the
+backward pass recomputes each chunk's logits rather than keeping them. A model whose logits lmhead.py cannot take
+from its output layer (rescaled logits, a sharded layer) gets them from its own forward.
 
 `install(model, reference)` gives the model a forward that, given `labels` (the completion's token ids, -100
 elsewhere) and `sequence_ids` (each token's sequence in the batch), returns one row per sequence: (log-probability
@@ -19,56 +19,9 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ... import lmhead
 from ...shape import IGNORE
-
-
-class LinearLogProbs(torch.autograd.Function):
-    """log_softmax(hidden @ weight.T + bias)[labels], hidden (N, H), labels (N,), a chunk of rows at a time; the
-    backward pass recomputes each chunk's logits (in the dtype the forward pass used)."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk: int):  # type: ignore[override]
-        dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled() else weight.dtype
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        for start in range(0, hidden.shape[0], chunk):
-            logits = logits_of(hidden[start : start + chunk], weight, bias, dtype)
-            picked = logits.gather(1, labels[start : start + chunk, None]).squeeze(1)
-            out[start : start + chunk] = picked - logits.logsumexp(-1)
-        ctx.save_for_backward(hidden, weight, bias, labels)
-        ctx.chunk, ctx.dtype = chunk, dtype
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
-        hidden, weight, bias, labels = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        grad_hidden = torch.empty_like(hidden) if needs[0] else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needs[1] else None
-        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and needs[2] else None
-        for start in range(0, hidden.shape[0], ctx.chunk):
-            h, y = hidden[start : start + ctx.chunk], labels[start : start + ctx.chunk]
-            logits = logits_of(h, weight, bias, ctx.dtype)
-            g = logits.softmax(-1).neg_()  # d log p_y / d logits = onehot(y) - softmax
-            g[torch.arange(len(y), device=y.device), y] += 1.0
-            g.mul_(grad_out[start : start + ctx.chunk, None])
-            if grad_hidden is not None:
-                grad_hidden[start : start + ctx.chunk] = (g.to(ctx.dtype) @ weight.to(ctx.dtype)).to(hidden.dtype)
-            if grad_weight is not None:
-                grad_weight += g.T @ h.float()
-            if grad_bias is not None:
-                grad_bias += g.sum(0)
-        grads = (grad_hidden, grad_weight, grad_bias)
-        dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
-        return *(None if g is None else g.to(d) for g, d in zip(grads, dtypes)), None, None
-
-
-def logits_of(hidden: torch.Tensor, weight: torch.Tensor, bias, dtype: torch.dtype) -> torch.Tensor:
-    """A chunk's logits in float32 (the matrix product in `dtype`, autocast's when it is on)."""
-    bias = None if bias is None else bias.to(dtype)
-    return F.linear(hidden.to(dtype), weight.to(dtype), bias).float()
 
 
 def sequence_table(token_logps: torch.Tensor, sequences: torch.Tensor, count: int) -> torch.Tensor:
@@ -92,10 +45,13 @@ def completion_logps(model: nn.Module, own_forward: Callable, fused: bool, kwarg
         hidden = getattr(m, m.base_model_prefix)(**inputs).last_hidden_state[:, :-1][picked]
         head = m.get_output_embeddings()
         chunk = lmhead.chunk_tokens(head.weight.shape[0])
-        logps = LinearLogProbs.apply(hidden, head.weight, head.bias, targets[picked], chunk)
-    else:
-        logits = own_forward(model, **inputs).logits[:, :-1][picked].float()
-        logps = logits.log_softmax(-1).gather(1, targets[picked][:, None]).squeeze(1)
+        nll = lmhead.ChunkedNLL.apply(hidden, head.weight, head.bias, targets[picked], where[picked], count, chunk)
+        counts = torch.zeros(count, dtype=torch.float32, device=nll.device)
+        return torch.stack(
+            [-nll, counts.index_add(0, where[picked], torch.ones_like(where[picked], dtype=counts.dtype))], 1
+        )
+    logits = own_forward(model, **inputs).logits[:, :-1][picked].float()
+    logps = logits.log_softmax(-1).gather(1, targets[picked][:, None]).squeeze(1)
     return sequence_table(logps, where[picked], count)
 
 
