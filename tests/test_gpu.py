@@ -67,6 +67,7 @@ def test_a_packed_batch_on_cuda_has_the_loss_and_gradients_of_its_texts_padded(k
     ids = [tokenizer(row["text"])["input_ids"][:60] for row in texts(16, seed=3)]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     packed_rows = PackedRows(ids, 128, pad)
+    packed_rows.mask = way  # the block-diagonal mask in the batch, where the model needs it
     assert len(packed_rows) < len(ids)  # several whole texts a row
     inputs, targets = packed_rows.__getitems__(list(range(len(packed_rows))))
     on_cuda = {k: v.cuda() for k, v in inputs.items()}

@@ -10,7 +10,8 @@ the second text simply attends to the first, and its loss is not the loss of the
 So `keep_apart(model)` packs two random texts into one row and compares each one's logits with those of the
 text alone: equal with the position ids alone ("positions"), else equal when the row also gets a 4D mask, causal
 within each text and closed across texts (as a boolean or as an additive float mask, whichever the model's
-attention reads right: "mask"; `with_block_mask` then gives every packed batch one), else refused in one line
+attention reads right: "mask" or "additive mask"; the task's packed rows then put one in every batch), else
+refused in one line
 naming the architecture. The check runs in float32 on the CPU, where the model is built, and draws from its own
 random generator (training's random numbers are untouched).
 """
@@ -23,34 +24,10 @@ import torch
 from torch import nn
 
 from .config import ConfigError, first_line
+from .data.packing import block_mask
 
 LENGTHS = (11, 7)  # the two texts of the check: the second attends to the first unless they are kept apart
 TOLERANCE = 1e-4  # a logit change relative to the logits' scale that counts: float32 rounding is ~1e-7, leaks 1e-2+
-
-
-def block_mask(position_ids: torch.Tensor, additive: bool, dtype: torch.dtype) -> torch.Tensor:
-    """(B, 1, T, T): a token may attend to the tokens of its own text (a text starts where its position id is
-    0) up to itself; True / 0.0 where it may, False / the dtype's lowest value where it may not."""
-    text = (position_ids == 0).cumsum(1)
-    length = position_ids.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril()
-    allowed = (text[:, :, None] == text[:, None, :]) & causal
-    if not additive:
-        return allowed[:, None]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=position_ids.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
-
-
-def with_block_mask(model: nn.Module, additive: bool) -> None:
-    """Give the model a forward that adds the block-diagonal mask to a packed batch (position ids, no mask)."""
-    own = model.forward
-
-    def forward(*args, position_ids=None, attention_mask=None, **kwargs):
-        if position_ids is not None and attention_mask is None:
-            attention_mask = block_mask(position_ids, additive, torch.float32)
-        return own(*args, position_ids=position_ids, attention_mask=attention_mask, **kwargs)
-
-    model.forward = forward
 
 
 def changes(model: nn.Module, mask: str | None) -> tuple[float, float]:
@@ -71,7 +48,8 @@ def changes(model: nn.Module, mask: str | None) -> tuple[float, float]:
 
 
 def keep_apart(model: nn.Module) -> str:
-    """How packed texts stay apart in this model: "positions" or "mask" (then the model has the mask's forward);
+    """How packed texts stay apart in this model: "positions", "mask" or "additive mask" (then its packed batches
+    need the block-diagonal mask, boolean or float: data/packing.py puts it in them);
     ConfigError naming the architecture when neither keeps them apart. The first text's change with the
     position ids alone is the packed computation's rounding (nothing precedes it); a way is exact when neither
     text changes by more than ten times that (or TOLERANCE)."""
@@ -94,10 +72,7 @@ def keep_apart(model: nn.Module) -> str:
                 raise ConfigError(refusal(model, tried))
     finally:
         model.train(was_training)
-    if mask is None:
-        return "positions"
-    with_block_mask(model, additive=mask == "float")
-    return "mask"
+    return {None: "positions", "bool": "mask", "float": "additive mask"}[mask]
 
 
 SAID = {
@@ -106,6 +81,7 @@ SAID = {
     "mask": "the texts of a row are kept apart by a block-diagonal attention mask, as the model's position ids do "
     "not keep them apart (checked on the model: packed with it, each text's logits are its logits alone)",
 }
+SAID["additive mask"] = SAID["mask"]
 
 
 def refusal(model: nn.Module, tried: dict) -> str:

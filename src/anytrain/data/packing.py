@@ -40,8 +40,11 @@ def row_layout(sizes: np.ndarray, max_length: int) -> np.ndarray:
 
 
 class PackedRows(Rows):
-    """Rows of max_length tokens: inputs {input_ids, position_ids} (no attention mask), targets the ids with
-    -100 at each sequence's first token and on padding (and where `label_lists`, when given, say -100)."""
+    """Rows of max_length tokens: inputs {input_ids, position_ids} (no attention mask, unless the model needs the
+    block-diagonal one: `mask`, set by the task from packed.keep_apart), targets the ids with -100 at each
+    sequence's first token and on padding (and where `label_lists`, when given, say -100)."""
+
+    mask = ""  # "", "mask" or "additive mask": packed.keep_apart's verdict on the model
 
     def __init__(self, token_lists: list[list[int]], max_length: int, pad_id: int, label_lists=None):
         lengths = np.array([len(ids) for ids in token_lists], dtype=np.int64)
@@ -74,7 +77,8 @@ class PackedRows(Rows):
 
     def __getitems__(self, indices: list[int]):
         index = torch.as_tensor(indices)
-        return {"input_ids": self.input_ids[index], "position_ids": self.position_ids[index]}, self.targets[index]
+        inputs = {"input_ids": self.input_ids[index], "position_ids": self.position_ids[index]}
+        return with_mask(inputs, self.mask), self.targets[index]
 
     def set_epoch(self, epoch: int) -> None:
         """Nothing is random in packed rows (the loop tells every dataset its epoch)."""
@@ -82,3 +86,24 @@ class PackedRows(Rows):
     @property
     def targets_per_row(self) -> np.ndarray:
         return (self.targets != IGNORE).sum(1).numpy()
+
+
+def block_mask(position_ids: torch.Tensor, additive: bool, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, T, T): a token may attend to the tokens of its own text (a text starts where its position id is
+    0) up to itself; True / 0.0 where it may, False / the dtype's lowest value where it may not."""
+    text = (position_ids == 0).cumsum(1)
+    length = position_ids.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril()
+    allowed = (text[:, :, None] == text[:, None, :]) & causal
+    if not additive:
+        return allowed[:, None]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=position_ids.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def with_mask(inputs: dict, mask: str) -> dict:
+    """A packed batch's inputs, with the block-diagonal attention mask of its position ids where the model needs
+    it ("mask": boolean, "additive mask": 0 or float32's lowest), else as they are."""
+    if mask not in ("mask", "additive mask"):
+        return inputs
+    return {**inputs, "attention_mask": block_mask(inputs["position_ids"], mask == "additive mask", torch.float32)}

@@ -110,8 +110,10 @@ class Transformers(Task):
         """--packing: how this model keeps the texts of a row apart, checked on it (packed.py), or refused."""
         from .. import packed
 
-        self.packed_by = packed.keep_apart(model)
-        self.say(f"--packing: {packed.SAID[self.packed_by]}")
+        way = packed.keep_apart(model)
+        self.data.train.mask = way  # type: ignore[attr-defined]  # packed rows: the mask in every batch it needs
+        self.packed_by = way.split()[-1]  # "positions" or "mask"
+        self.say(f"--packing: {packed.SAID[way]}")
 
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
         from .. import hf

@@ -118,6 +118,7 @@ class PairRows(Rows):
         self.answer = np.fromiter((a for seq in answers for a in seq), dtype=bool, count=int(self.starts[-1]))
         self.reference: torch.Tensor | None = None  # (pairs, 2): set by the task when it caches them
         self.answers_in_inputs = True  # labels and sequence_ids in the inputs (a reward model reads the texts only)
+        self.mask = ""  # packed: "mask" or "additive mask" where the model needs one (packed.keep_apart)
 
     def __len__(self) -> int:
         return len(self.lengths) // 2
@@ -162,7 +163,7 @@ class PairRows(Rows):
         """The batch's sequences in rows of at most --max-length tokens (next fit, in order), position ids
         restarting at each; the rows padded to the fullest one (padding: a sequence of its own, learned nowhere).
         Rows rather than one long row: attention's cost grows with the square of a row's length."""
-        from ...data.packing import row_layout
+        from ...data.packing import row_layout, with_mask
 
         lengths = np.array([len(ids) for ids, _ in seqs], dtype=np.int64)
         rows = row_layout(lengths, self.max_length)
@@ -181,7 +182,8 @@ class PairRows(Rows):
             at[row] += n
         tail = torch.arange(width) >= torch.as_tensor(used)[:, None]
         positions[tail] = (torch.arange(width) - torch.as_tensor(used)[:, None])[tail]
-        return {"input_ids": input_ids, "position_ids": positions, "labels": labels, "sequence_ids": sequence_ids}
+        inputs = {"input_ids": input_ids, "position_ids": positions, "labels": labels, "sequence_ids": sequence_ids}
+        return with_mask(inputs, self.mask)
 
     def set_epoch(self, epoch: int) -> None:
         """Nothing is random in a pair's tokens."""
