@@ -93,7 +93,8 @@ def train(out: Path, *flags: str) -> float:
 def one_seed(model: Path, seed: int, args: argparse.Namespace, rows: list[dict]) -> dict:
     base = args.out / f"seed-{seed}"
     base.mkdir(parents=True, exist_ok=True)
-    sft, common = base / "sft", ["--seed", str(seed), "--max-length", "128"]
+    held = ["--val-fraction", "0.02", "--test-fraction", "0.02"]  # 80 prompts each: a run's own evaluation is short
+    sft, common = base / "sft", ["--seed", str(seed), "--max-length", "128", *held]
     seconds = {"sft": train(sft, "--model", f"hf:{model}", "--dataset", "instructions", "--batch-size", "32",
                             "--max-steps", str(args.sft_steps), "--lr", str(args.sft_lr), *common)}  # fmt: skip
     start = ["--model", f"hf:{sft / 'hf'}", "--max-steps", str(args.steps), *common]

@@ -15,6 +15,7 @@ Steps, in this order (--only picks some):
   lmhead      benchmarks/lmhead_bench.py: the fused loss against the full logits, tokens/s and peak memory
   llm         --task sft and --task dpo in bf16 on a random Llama-shaped model of about 100 M parameters
               (built from a config here, no download): tokens/s, peak memory, first and last loss
+  grpo        --task grpo in bf16 on the same model: completions/s, the share of time generating, peak memory
   gpt         the GPT recipe (examples/shakespeare_gpu.yaml) in bf16 for a fixed step count: validation loss,
               tokens/s, MFU
 
@@ -270,8 +271,49 @@ def step_gpt(run: Run, step: dict) -> None:
     run.check(step, f"validation loss below 2.0 after {steps} steps", s["val_loss"] < 2.0, f"{s['val_loss']:.4f}")
 
 
+def step_grpo(run: Run, step: dict) -> None:
+    """--task grpo in bf16 on the 100 M Llama: the bundled questions, rewarded by exact answers and length (a random
+    model answers none right; the length varies, so groups have a signal): completions/s and tokens/s, the share of
+    the time spent generating, peak memory."""
+    model, steps = llama(run), run.sizes["llm_steps"] // 3
+    options = [
+        "--model",
+        f"hf:{model}",
+        "--dataset",
+        "questions",
+        "--reward",
+        "answer",
+        "length:8",
+        "--max-steps",
+        str(steps),
+        "--batch-size",
+        str(max(2, run.sizes["llm_batch"] // 4)),
+        "--num-generations",
+        "8",
+        "--max-new-tokens",
+        "32",
+        "--lr",
+        "1e-5",
+        "--log-every-steps",
+        str(max(1, steps // 5)),
+        "--val-fraction",
+        "0.01",
+        "--test-fraction",
+        "0.01",
+    ]  # fmt: skip: 40 held-out prompts each
+    s = run.launch("grpo", "bf16.yaml", options, cap=300)
+    train, _, _ = toolkit.read_run(Path(s["run_dir"]))
+    generating = statistics.median(r["generating"] for r in train)
+    step["rows"] = [{"completions_per_s": s["samples_per_s"], "tokens_per_s": s["tokens_per_s"],
+                     "generating": generating, "peak_memory_gib": s["peak_memory_bytes"] / 2**30,
+                     "reward_first": train[0]["reward"], "reward_last": train[-1]["reward"],
+                     "steps": s["optimizer_steps"], "wall_s": s["wall_s"]}]  # fmt: skip
+    run.check(step, "on the GPU in bf16", on_gpu(s) and s["scenario"]["mixed_precision"] == "bf16")
+
+
 STEPS = {"env": step_env, "pytest": step_pytest, "precisions": step_precisions, "fsdp": step_fsdp,
-         "compile": step_compile, "mfu": step_mfu, "lmhead": step_lmhead, "llm": step_llm, "gpt": step_gpt}  # fmt: skip
+         "compile": step_compile, "mfu": step_mfu, "lmhead": step_lmhead, "llm": step_llm, "grpo": step_grpo,
+         "gpt": step_gpt}  # fmt: skip
 
 
 def cell(v) -> str:
