@@ -110,3 +110,17 @@ def test_a_language_model_run_points_to_sample(tmp_path, capsys):
     assert exc.value.code == 2 and err.strip() == (
         "anytrain predict: error: run_dir: --task lm has no predictions for rows; use `anytrain sample RUN`"
     )
+
+
+def test_the_help_names_every_task_that_predicts():
+    """predict's description names the tasks whose classes offer predict, every one and none else."""
+    import re
+
+    from anytrain.predict import PREDICTING
+    from anytrain.tasks import REGISTRY, task_class
+    from anytrain.tasks.contract import offered
+
+    classes = [task_class(key) for key in REGISTRY]
+    offering = {cls.name for cls in classes if offered(cls, "predict")}
+    said = set(re.findall(r"[a-z0-9]+", PREDICTING)) & {cls.name for cls in classes}
+    assert said == offering, (said, offering)

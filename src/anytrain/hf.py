@@ -45,10 +45,6 @@ class Head:
     positions: bool = True
 
 
-def is_hf(name: str) -> bool:
-    return name.startswith(PREFIX)
-
-
 def source_of(cfg: TrainConfig) -> str:
     """The folder or hub id after hf:, a folder's path expanded."""
     source = cfg.model.name.removeprefix(PREFIX)

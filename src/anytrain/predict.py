@@ -25,14 +25,16 @@ from .config import ConfigError, OneLineParser
 from .files import write_atomically
 from .reload import load_model, read_weights_metadata, weights_file
 
+# The tasks that offer predict (tests/test_predict.py keeps this true to the registry).
+PREDICTING = "classify, regress, multilabel, or transformers classify, lm (each text's loss), tag, seq2seq or reward"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="anytrain predict", description="Predict for new rows with a trained classify, regress or multilabel run."
-    )
-    parser.add_argument("run_dir", help="run folder (or its model.safetensors) of a classification run")
+    what = f"Predict for new rows with a trained {PREDICTING} run."
+    parser = OneLineParser(prog="anytrain predict", description=what)
+    parser.add_argument("run_dir", help="run folder (or its model.safetensors) of a run whose task predicts")
     parser.add_argument(
-        "--dataset", required=True, help="rows to classify: a parquet/csv/json file or a save_to_disk folder"
+        "--dataset", required=True, help="rows to predict for: a parquet/csv/json file or a save_to_disk folder"
     )
     parser.add_argument("--output", default="", help="write the predictions to this JSONL file (default: print them)")
     parser.add_argument("--batch-size", type=int, default=1024, help="rows per forward pass (default: %(default)s)")

@@ -106,7 +106,6 @@ class Splits:
 
     shape      what a model is told about the data (shape.py), the same for every task
     source     the dataset, as the start-up line and summary.json name it
-    reason     why this task: '--task regress', or what --task auto saw (tasks/settle.py)
     facts      the data's facts for summary.json (sizes, tokenizer, image look, data path)
     metadata   strings saved with the weights: what reloading and `anytrain predict` need
     files      {name: text} written in the run folder at start (a BPE's tokenizer.json)
@@ -123,7 +122,6 @@ class Splits:
     source: str
     class_names: list[str] | None = None  # string labels (sorted: id i is the i-th) or a ClassLabel's names
     input_columns: list[str] | None = None  # the columns a row's inputs come from, as predict reads them
-    reason: str = ""
     facts: dict = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)

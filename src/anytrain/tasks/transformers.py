@@ -2,7 +2,8 @@
 its folder, the model loaded with the task's Auto class under a config checked against the data
 (hf.py), the weights reloadable from the transformers config saved with them, `save_pretrained` into
 run_dir/hf at the end, predict tokenising with that folder's tokenizer, and the token-weighted loss
-(`token_weighted`) for tasks whose loss is a mean over tokens."""
+(`TokenWeighted`: its sum over the batch's share of the step's target tokens) for tasks whose loss is a mean
+over tokens."""
 
 from __future__ import annotations
 
