@@ -199,3 +199,15 @@ def test_data_whose_training_rows_share_one_label_is_refused(capsys, tmp_path):
     )
     assert "every training row of" in err and "has the same label (0)" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_an_own_tasks_option_may_share_a_registry_tasks_name_and_each_run_gets_its_own():
+    """grpo's --temperature (sampling) and examples/distill.py's --temperature (softening) in one process: each
+    config reads the option of the task it trains, and the registry's comes back after the own task's run."""
+    distill = str(Path(__file__).parents[1] / "examples" / "distill.py") + ":Distill"
+    own = TrainConfig(task=distill, temperature=2.0)
+    assert own.section("distill").temperature == 2.0 and "grpo" not in SECTIONS
+    grpo = TrainConfig(task="grpo", temperature=0.7)
+    assert grpo.section("grpo").temperature == 0.7 and "distill" not in SECTIONS
+    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "dpo", "grpo", "multilabel"]
+    assert TrainConfig(temperature=0.5).section("grpo").temperature == 0.5  # --task auto: the registry's options

@@ -67,16 +67,16 @@ TASK = textwrap.dedent(
             inputs, targets = batch
             smoothing = self.cfg.section("smoothed").smoothing
             losses = F.cross_entropy(ctx.forward(inputs, targets), targets, reduction="none", label_smoothing=smoothing)
-            k = len(self.running)
-            sums = torch.zeros(2, k, device=losses.device)
-            sums[0].index_add_(0, targets, losses.detach())
-            sums[1].index_add_(0, targets, torch.ones_like(losses))
+            k, wide = len(self.running), torch.float64  # float64: the same sums whatever the rows' split over ranks
+            sums = torch.zeros(2, k, device=losses.device, dtype=wide)
+            sums[0].index_add_(0, targets, losses.detach().to(wide))
+            sums[1].index_add_(0, targets, torch.ones_like(losses, dtype=wide))
             sums = ctx.accelerator.reduce(sums, "sum")  # over every rank's batch: the same weights everywhere
-            running = torch.tensor(self.running, device=losses.device)
+            running = torch.tensor(self.running, device=losses.device, dtype=wide)
             seen = sums[1] > 0
             running[seen] = 0.9 * running[seen] + 0.1 * sums[0][seen] / sums[1][seen]
             self.running = running.tolist()
-            return (losses * (running / running.mean())[targets]).mean()
+            return (losses * (running / running.mean()).float()[targets]).mean()
 
         def state_dict(self):
             return {"running": self.running}

@@ -408,6 +408,7 @@ BASE_SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
 SECTIONS: dict[str, type] = dict(BASE_SECTIONS)  # + the sections of tasks that declare options (add_section)
 TASK_SECTIONS: dict[str, str] = {}  # a --task value (a name, or FILE.py:Class) -> its own section
 SHARED_SECTIONS: set[str] = set()  # the registry's task sections: in every config (own tasks' only in their runs)
+SET_ASIDE: dict[str, tuple[int, type]] = {}  # registry sections (place, class) whose option names an own task took
 TASK_RESOLVERS: list[typing.Callable[[str], None]] = []  # register the section of a --task value (tasks/ adds one)
 HELP: dict[str, typing.Callable[[], str]] = {}  # option name -> more help, built where the facts live (the registry)
 
@@ -449,10 +450,13 @@ OPTIONS = _options()  # by option name, in section order
 ALIASES = {alias: o.name for o in OPTIONS.values() for alias in o.aliases}  # an earlier name -> the option's name
 
 
-def add_section(task: str, name: str, cls: type, shared: bool = False) -> None:
+def add_section(task: str, name: str, cls: type, shared: bool = False, at: int | None = None) -> None:
     """A task's own options (a frozen dataclass of option() fields) as section `name`: its flags, YAML section,
     checks and resume check come with it. `task` is the --task value that trains with it; `shared`: a registry
-    task's, part of every config (else part of its own runs' only)."""
+    task's, part of every config (else part of its own runs' only). An own task's option may share a registry
+    task's name (grpo's --temperature, a distiller's --temperature): that registry section steps aside while the
+    own task's runs are configured, and comes back for the next run of a registry task (restore_shared), `at`
+    its place among the sections."""
     TASK_SECTIONS[task] = name
     if shared:
         SHARED_SECTIONS.add(name)
@@ -460,9 +464,19 @@ def add_section(task: str, name: str, cls: type, shared: bool = False) -> None:
         return
     if name in BASE_SECTIONS or name in OPTIONS:
         raise ConfigError(f"--task {task}: its options section '{name}' is already an option or a section")
-    SECTIONS[name] = cls
+    yields = SHARED_SECTIONS - {name} if not shared else set(SECTIONS) - SHARED_SECTIONS - set(BASE_SECTIONS)
+    for other in [o for o in yields if o in SECTIONS and _flags(SECTIONS[o]) & _flags(cls)]:
+        place = list(SECTIONS).index(other)
+        stepped_aside = SECTIONS.pop(other)
+        if not shared:
+            SET_ASIDE[other] = (place, stepped_aside)
+    items = list(SECTIONS.items())
+    items.insert(len(items) if at is None else at, (name, cls))
+    SECTIONS.clear()
+    SECTIONS.update(items)
     found = _options()
     clash = sorted(k for k, o in found.items() if o.section == name and k in OPTIONS and OPTIONS[k].section != name)
+    clash = [k for k in clash if OPTIONS[k].section in SECTIONS]
     if clash:
         del SECTIONS[name]
         raise ConfigError(
@@ -471,6 +485,18 @@ def add_section(task: str, name: str, cls: type, shared: bool = False) -> None:
     OPTIONS.clear()
     OPTIONS.update(found)
     ALIASES.update({alias: o.name for o in OPTIONS.values() for alias in o.aliases})
+
+
+def restore_shared() -> None:
+    """The registry sections an own task's options set aside, back (a registry task's run is configured next)."""
+    for name in sorted(SET_ASIDE, key=lambda n: SET_ASIDE[n][0]):
+        task = next(t for t, section in TASK_SECTIONS.items() if section == name)
+        place, cls = SET_ASIDE.pop(name)
+        add_section(task, name, cls, shared=True, at=place)
+
+
+def _flags(cls: type) -> set[str]:
+    return {dict(f.metadata).get("flag") or f.name for f in dataclasses.fields(cls)}
 
 
 def resolve_task(value: str) -> None:
@@ -495,8 +521,7 @@ class TrainConfig:
     def __init__(self, _given: frozenset[str] | None = None, **values):
         data = values.get("data")
         task = values.get("task", data.get("task") if isinstance(data, dict) else getattr(data, "task", None))
-        if isinstance(task, str):
-            resolve_task(task)  # an own task's options are known before they are read
+        resolve_task(task if isinstance(task, str) else "auto")  # an own task's options are known before they are read
         sections: dict[str, dict] = {name: {} for name in SECTIONS}
         given: set[str] = set()
         for key, value in values.items():

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..config import HELP, TASK_RESOLVERS, ConfigError, TrainConfig, add_section
+from ..config import HELP, TASK_RESOLVERS, ConfigError, TrainConfig, add_section, restore_shared
 
 if TYPE_CHECKING:  # the registry stays light: `--help` and bad flags answer without importing torch
     from .contract import Task
@@ -147,6 +147,7 @@ def _resolve(value: str) -> None:
         except ConfigError:
             pass
         return
+    restore_shared()  # a registry task's run: its options back, if an own task's had set them aside
 
 
 def _registry_sections() -> None:

@@ -14,22 +14,32 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..best import HIGHER, LOWER
 from ..hf import Head
 from ..shape import IGNORE, DataShape
 from ..usermodel import logits_of
-from .lm import LanguageModel
 from .transformers import Transformers, token_sums, with_row_loss
 
 
-class HFCausalLM(Transformers, LanguageModel):
+class HFCausalLM(Transformers):
+    name = "lm"
+    goals = {"loss": LOWER, "perplexity": LOWER, "accuracy": HIGHER}
     offers = frozenset({"export", "sample", "packing", "lora", "predict"})  # predict: each text's loss
     head = Head("AutoModelForCausalLM", "causal-LM", loss_type="ForCausalLM")
     step_shares = True  # the model's own loss: its sum over the batch's share of the step's target tokens
+
+    @classmethod
+    def detect(cls, source) -> str | None:
+        return "auto: text without labels" if source.plain_text else None
 
     def texts(self) -> dict:
         from ..data.text import lm_column
 
         return {"column": lm_column(self.cfg), "whole": True}
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The next-token loss over the targets' mean (the model's own loss is this, given the labels)."""
+        return self.loss_sum(outputs, targets) / (targets[:, 1:] != IGNORE).sum().clamp(min=1)
 
     def loss_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The next-token loss summed over the targets: what the model's own loss is, given num_items_in_batch."""
