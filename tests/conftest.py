@@ -26,6 +26,9 @@ pytest.register_assert_rewrite("hfchecks")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+# The process rule (tests/launch_rule.py): an unmarked test that starts a process fails; pytester checks it.
+pytest_plugins = ["launch_rule", "pytester"]
+
 LAUNCH_TIMEOUT = 240  # seconds; a hung rank fails the test instead of hanging CI
 
 
