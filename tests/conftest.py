@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -64,13 +65,34 @@ def draws_curves(monkeypatch):
     monkeypatch.setattr(anytrain.trainer, "write_curves", REAL["write_curves"])
 
 
+DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice for this machine: what a launched run gets
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread_in_process():
+    """In-process runs use one intra-op thread. The suite's models are tiny: one thread is as fast, and far
+    steadier on a shared 2-core machine, where two threads per op wait on each other (a small CNN's step:
+    3.6 ms on one thread, 29 ms on two beside another job). Launched runs are processes of their own and
+    keep torch's default; a run pinned by a fingerprint made with it uses `torch_threads(DEFAULT_THREADS)`."""
+    with torch_threads(1):
+        yield
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models run as fast (and steadier on a shared 2-core machine) on one intra-op thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def free_port() -> int:
