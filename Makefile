@@ -29,10 +29,13 @@ lint: install
 	$(BIN)/mypy src/anytrain
 
 # The suite in two speeds (docs/guide.md, Tests). `make check`, the fast one: lint and types, then every in-process
-# test, i.e. all but those marked `launch` (they start processes; tests/launch_rule.py fails one that is not marked).
-# `make test`: everything, launches included; what CI runs (.ci/run).
+# test, i.e. all but those marked `launch` (they start processes; tests/launch_rule.py fails one that is not marked),
+# on CHECK_WORKERS pytest-xdist workers, a file to a worker, each test on one torch thread (tests/conftest.py).
+# `make test`: everything, launches included, in one process; what CI runs (.ci/run).
+CHECK_WORKERS ?= 2
 check: lint
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -m "not launch" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -m "not launch" -n $(CHECK_WORKERS) --dist loadfile \
+		--no-loadscope-reorder $(PYTEST_ARGS)
 
 test: lint
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
