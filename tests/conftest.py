@@ -45,6 +45,16 @@ SLOWEST_FILES = (
 )
 
 
+def pytest_configure(config):
+    """An xdist worker (make check) keeps to a core of its own where there are as many cores as workers: its one
+    torch thread then never waits on the other worker, and what a run sees of the machine (--num-workers auto
+    gives images a decoding worker only where a core is free) is what it has."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if worker and 1 < count <= len(cores):
+        os.sched_setaffinity(0, {cores[int(worker.removeprefix("gw")) % len(cores)]})
+
+
 def pytest_collection_modifyitems(config, items):
     """In an xdist worker (make check), the slowest files first; a plain run keeps pytest's order."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
