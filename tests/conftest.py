@@ -50,9 +50,8 @@ def pytest_configure(config):
     torch thread then never waits on the other worker, and what a run sees of the machine (--num-workers auto
     gives images a decoding worker only where a core is free) is what it has."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if worker and 1 < count <= len(cores):
-        os.sched_setaffinity(0, {cores[int(worker.removeprefix("gw")) % len(cores)]})
+    if worker and 1 < count <= len(CORES):
+        os.sched_setaffinity(0, {CORES[int(worker.removeprefix("gw")) % len(CORES)]})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -98,6 +97,7 @@ def draws_curves(monkeypatch):
 
 
 DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice for this machine: what a launched run gets
+CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # before a worker keeps to one
 
 
 @contextlib.contextmanager
@@ -110,12 +110,27 @@ def torch_threads(count: int):
         torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def as_launched():
+    """torch's default threads on every core, as a launched run has them (a run whose pinned fingerprint was
+    made so): the session's one thread and an xdist worker's one core are set aside meanwhile."""
+    before = sorted(os.sched_getaffinity(0)) if CORES else []
+    if CORES:
+        os.sched_setaffinity(0, CORES)
+    try:
+        with torch_threads(DEFAULT_THREADS):
+            yield
+    finally:
+        if CORES:
+            os.sched_setaffinity(0, before)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread_in_process():
     """In-process runs use one intra-op thread. The suite's models are tiny: one thread is as fast, and far
     steadier on a shared 2-core machine, where two threads per op wait on each other (a small CNN's step:
     3.6 ms on one thread, 29 ms on two beside another job). Launched runs are processes of their own and
-    keep torch's default; a run pinned by a fingerprint made with it uses `torch_threads(DEFAULT_THREADS)`."""
+    keep torch's default; a run pinned by a fingerprint made with it runs `as_launched()`."""
     with torch_threads(1):
         yield
 
