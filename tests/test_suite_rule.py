@@ -21,13 +21,15 @@ def test_unmarked_subprocess():
 
 def test_unmarked_popen_swallowed():
     try:
-        subprocess.Popen(PYTHON)
+        subprocess.Popen(PYTHON).wait(timeout=60)
     except BaseException:
         pass
 
 
 def test_unmarked_multiprocessing():
-    multiprocessing.get_context("spawn").Process(target=print).start()
+    child = multiprocessing.get_context("spawn").Process(target=print)
+    child.start()
+    child.join(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +58,9 @@ def test_marked_subprocess():
 
 
 def test_an_unmarked_test_that_starts_a_process_fails(pytester):
+    """Unmarked: a subprocess, a Popen whose failure the test swallows, a multiprocessing process and a module
+    fixture that launches each fail, naming the marker; DataLoader workers and plain code pass, and so does
+    the marked test's subprocess."""
     pytester.makepyfile(test_inner=INNER)
     pytester.makeini("[pytest]\nmarkers =\n    launch: starts a process\naddopts = --strict-markers -p launch_rule\n")
     result = pytester.runpytest_inprocess("-q")
