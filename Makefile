@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install train lint test bench clean
+.PHONY: install train lint check test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy src/anytrain
+
+# The suite in two speeds (docs/guide.md, Tests). `make check`, the fast one: lint and types, then every in-process
+# test, i.e. all but those marked `launch` (they start processes; tests/launch_rule.py fails one that is not marked),
+# on CHECK_WORKERS pytest-xdist workers, a file to a worker, each test on one torch thread (tests/conftest.py).
+# `make test`: everything, launches included, in one process; what CI runs (.ci/run).
+CHECK_WORKERS ?= 2
+check: lint
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -m "not launch" -n $(CHECK_WORKERS) --dist loadfile \
+		--no-loadscope-reorder $(PYTEST_ARGS)
 
 test: lint
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)

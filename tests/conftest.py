@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +26,40 @@ pytest.register_assert_rewrite("hfchecks")
 # Tests never touch the network: hub look-ups fail fast instead of hanging.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+# The process rule (tests/launch_rule.py): an unmarked test that starts a process fails; pytester checks it.
+pytest_plugins = ["launch_rule", "pytester"]
+
+# `make check` runs the in-process suite on two pytest-xdist workers, a file to a worker (its module fixtures
+# train once). The files that take longest go out first, so that the two end together: from `--durations`, one
+# thread, in seconds of CPU: about 55, 45, 35, 30, 25, 25, 20, 15; every other file under 15.
+SLOWEST_FILES = (
+    "test_sft.py",
+    "test_hf_seq2seq.py",
+    "test_lm.py",
+    "test_images.py",
+    "test_speakers.py",
+    "test_hf_image.py",
+    "test_dpo.py",
+    "test_llm.py",
+)
+
+
+def pytest_configure(config):
+    """An xdist worker (make check) keeps to a core of its own where there are as many cores as workers: its one
+    torch thread then never waits on the other worker, and what a run sees of the machine (--num-workers auto
+    gives images a decoding worker only where a core is free) is what it has."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if worker and 1 < count <= len(CORES):
+        os.sched_setaffinity(0, {CORES[int(worker.removeprefix("gw")) % len(CORES)]})
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker (make check), the slowest files first; a plain run keeps pytest's order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: k for k, name in enumerate(SLOWEST_FILES)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 LAUNCH_TIMEOUT = 240  # seconds; a hung rank fails the test instead of hanging CI
 
@@ -61,13 +96,50 @@ def draws_curves(monkeypatch):
     monkeypatch.setattr(anytrain.trainer, "write_curves", REAL["write_curves"])
 
 
+DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice for this machine: what a launched run gets
+CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # before a worker keeps to one
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def as_launched():
+    """torch's default threads on every core, as a launched run has them (a run whose pinned fingerprint was
+    made so): the session's one thread and an xdist worker's one core are set aside meanwhile."""
+    before = sorted(os.sched_getaffinity(0)) if CORES else []
+    if CORES:
+        os.sched_setaffinity(0, CORES)
+    try:
+        with torch_threads(DEFAULT_THREADS):
+            yield
+    finally:
+        if CORES:
+            os.sched_setaffinity(0, before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread_in_process():
+    """In-process runs use one intra-op thread. The suite's models are tiny: one thread is as fast, and far
+    steadier on a shared 2-core machine, where two threads per op wait on each other (a small CNN's step:
+    3.6 ms on one thread, 29 ms on two beside another job). Launched runs are processes of their own and
+    keep torch's default; a run pinned by a fingerprint made with it runs `as_launched()`."""
+    with torch_threads(1):
+        yield
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models run as fast (and steadier on a shared 2-core machine) on one intra-op thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def free_port() -> int:

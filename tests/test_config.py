@@ -119,6 +119,7 @@ def test_bad_flags_get_one_line_and_exit_2(capsys, argv, expected):
     assert expected in run_cli_error(capsys, argv)
 
 
+@pytest.mark.launch
 def test_help_and_bad_flags_answer_without_importing_torch():
     """The package imports torch only for a run: `--help` and a one-line error come back at once."""
     import subprocess

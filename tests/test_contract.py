@@ -182,6 +182,7 @@ def test_the_task_is_decided_in_one_place():
         assert not re.search(r"\.data\.task\s*=(?!=)", text) and "replace(task=" not in text, path
 
 
+@pytest.mark.launch
 def test_the_guide_lists_every_task_with_its_module_and_lines():
     import subprocess
     import sys

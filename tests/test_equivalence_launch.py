@@ -28,6 +28,7 @@ from conftest import (
     LAUNCH_TIMEOUT,
     ROOT,
     TRAIN,
+    as_launched,
     check_fingerprint,
     free_port,
     launch,
@@ -131,7 +132,8 @@ def run_in_process(options: dict, run_dir: Path) -> dict:
 
     AcceleratorState._reset_state(True)
     try:
-        return train(TrainConfig(**options, progress=False, output_dir=str(run_dir)))
+        with as_launched():  # torch's default threads, as a launched 1-process run (compared bit for bit below)
+            return train(TrainConfig(**options, progress=False, output_dir=str(run_dir)))
     finally:
         AcceleratorState._reset_state(True)
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import check_fingerprint, max_abs_diff, read_metrics, read_summary, run_cli_error
+from conftest import as_launched, check_fingerprint, max_abs_diff, read_metrics, read_summary, run_cli_error
 
 import anytrain.data.text as text_module
 from anytrain import TrainConfig, load_model
@@ -53,7 +53,8 @@ def trained(tmp_path_factory):
 
     AcceleratorState._reset_state(True)
     folder = tmp_path_factory.mktemp("lm")
-    summary = train(lm_config(folder, max_steps=300, eval_every_steps=100))
+    with as_launched():  # as its pinned fingerprint (lm_tiny) was made: torch's default threads
+        summary = train(lm_config(folder, max_steps=300, eval_every_steps=100))
     AcceleratorState._reset_state(True)
     return folder / "run", summary
 

@@ -3,8 +3,9 @@ trains through the one loop with its own option, gives the same weights on 1 and
 bit-identically after a real SIGKILL, and predicts; the same class without `loss` is refused in one line;
 a run whose task file has moved says where it was.
 
-Runs: one 2-rank launch, two background runs (a reference and a victim killed, then resumed) and a
-1-process reference for the 2 ranks; each trains 512 rows of a small table for a few epochs."""
+Runs: one in this process (the reference for the 2 ranks, and what predict and the resume check read), one
+2-rank launch and two background runs (a reference and a victim killed, then resumed); each trains 512 rows of a
+small table for a few epochs. The launches are marked `launch`; the rest is `make check`'s."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import finish_run, kill_and_resume, launch, max_abs_diff, read_summary, run_cli_error, start_run
+from conftest import kill_and_resume, launch, max_abs_diff, read_summary, run_cli_error
 
 from anytrain import load_model
+from anytrain.cli import main
 
 TASK = textwrap.dedent(
     '''
@@ -134,18 +136,17 @@ def args(files: dict, batch: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def one_and_two_ranks(files) -> tuple[Path, Path]:
-    root = files["root"]
-    one = start_run(root / "one", args(files, 32))
-    two = launch("multi_cpu.yaml", *args(files, 16), "--output-dir", str(root / "two"))
-    code, err = finish_run(one)
-    assert code == 0, err[-3000:]
+def one(files) -> Path:
+    """The 1-process run, trained here (what `train.py` would run, through its main)."""
+    main([*args(files, 32), "--output-dir", str(files["root"] / "one")])
+    return files["root"] / "one"
+
+
+@pytest.mark.launch
+def test_an_own_task_trains_with_its_option_and_equals_on_one_and_two_ranks(one, files):
+    two = launch("multi_cpu.yaml", *args(files, 16), "--output-dir", str(files["root"] / "two"))
     assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
-    return root / "one", root / "two"
-
-
-def test_an_own_task_trains_with_its_option_and_equals_on_one_and_two_ranks(one_and_two_ranks, files):
-    one, two = one_and_two_ranks
+    two = files["root"] / "two"
     summary = read_summary(one)
     assert summary["task"] == "smoothed" and summary["best_metric"] == "accuracy"
     assert summary["test_accuracy"] > 0.7  # learned: three balanced classes are 0.33 by chance
@@ -155,13 +156,13 @@ def test_an_own_task_trains_with_its_option_and_equals_on_one_and_two_ranks(one_
     assert "smoothed:\n  smoothing: 0.2" in saved and f"task: {files['task']}:Smoothed" in saved
 
 
-def test_its_option_changes_the_loss_and_the_resume_check_knows_it(files, one_and_two_ranks, capsys):
-    one, _ = one_and_two_ranks
+def test_its_option_changes_the_loss_and_the_resume_check_knows_it(files, one, capsys):
     err = run_cli_error(capsys, [*args(files, 32), "--smoothing", "0.3", "--output-dir", str(one), "--resume"])
     assert "smoothing: 0.2 -> 0.3" in err
     assert "--smoothing must be in [0, 1), got 1.5" in run_cli_error(capsys, [*args(files, 32), "--smoothing", "1.5"])
 
 
+@pytest.mark.launch
 def test_an_own_task_resumes_bit_identically_after_a_real_kill(files, tmp_path):
     """Its own step and its state (each class's running loss, in every checkpoint's progress.json) included."""
     reference, victim = kill_and_resume(tmp_path, args(files, 32), kill_step=20)
@@ -172,11 +173,10 @@ def test_an_own_task_resumes_bit_identically_after_a_real_kill(files, tmp_path):
     assert len(saved) == 3 and saved != [1.0] * 3 and all(0 < loss < 5 for loss in saved)  # the step moved it
 
 
-def test_an_own_task_predicts_and_a_moved_file_is_said(files, one_and_two_ranks, tmp_path):
+def test_an_own_task_predicts_and_a_moved_file_is_said(files, one, tmp_path):
     from anytrain.config import ConfigError
     from anytrain.predict import predict
 
-    one, _ = one_and_two_ranks
     rows = predict(str(one), str(files["new"]))
     assert [r["row"] for r in rows] == list(range(5)) and all(0 <= r["class_id"] < 3 for r in rows)
     assert [r["label"] for r in rows] == [int(line.rsplit(",", 1)[1]) for line in files["new"].read_text().split()[1:]]
@@ -221,7 +221,7 @@ def test_a_task_class_from_python_trains_under_its_file_name(files, tmp_path):
     assert f"{files['task']}:Smoothed" in (tmp_path / "py" / "config.yaml").read_text()
 
 
-def test_an_own_tasks_options_are_part_of_its_runs_only(one_and_two_ranks):
+def test_an_own_tasks_options_are_part_of_its_runs_only(one):
     """Registering a task's section (done above, in this process) leaves other runs' configs as they were: the
     resume and run-folder checks of a plain run must not see a 'smoothing' it never had."""
     from anytrain.config import OPTIONS, TrainConfig

@@ -69,6 +69,7 @@ def _holder(run_dir: Path) -> dict | None:
         return None
 
 
+@pytest.mark.launch
 def test_second_process_is_refused_until_release(tmp_path):
     run_dir = tmp_path / "run"
     lock = RunLock(run_dir)
@@ -97,6 +98,7 @@ def test_second_process_is_refused_until_release(tmp_path):
     assert not (run_dir / ".lock").exists()
 
 
+@pytest.mark.launch
 def test_lock_of_a_killed_run_is_taken_over(tmp_path):
     run_dir = tmp_path / "run"
     child = subprocess.Popen(
@@ -197,6 +199,7 @@ def _refusal(capsys, argv: list[str]) -> str:
     return err
 
 
+@pytest.mark.launch
 def test_a_launch_into_a_folder_whose_run_still_trains_hears_of_the_lock_first(tmp_path, capsys):
     """The folder holds an unfinished run (which would be "pass --resume") and a live process holds
     its lock: the lock is said first, with or without --resume; once the holder is gone, the

@@ -152,6 +152,7 @@ def test_nothing_puts_folders_on_sys_path_by_hand():
     assert set(found) <= ON_PURPOSE, sorted(set(found) - ON_PURPOSE)
 
 
+@pytest.mark.launch
 def test_the_sft_benchmark_imports_its_job_as_part_of_peers():
     import subprocess
     import sys

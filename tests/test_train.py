@@ -192,6 +192,7 @@ def test_cnn_learns_the_digits(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
+@pytest.mark.launch
 def test_the_peak_memory_is_the_processs_own_not_its_parents():
     """A run started by a big process (a notebook, a benchmark driver) reports its own peak: ru_maxrss there
     starts at the parent's resident set (the control), process_peak_rss does not."""
