@@ -92,6 +92,22 @@ def busy_cpu_s() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # guest time is already in user
 
 
+QUIET_WAIT_S, QUIET_CORES = 120, 0.3  # before a timed run: wait (at most) until the rest of the machine is this quiet
+
+
+def settle() -> float:
+    """Wait, at most QUIET_WAIT_S, until the machine's other processes keep less than QUIET_CORES cores busy over
+    2 s (a shared machine: someone else's job in the middle of a run shifts its loop time): seconds waited."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < QUIET_WAIT_S:
+        before = busy_cpu_s()
+        time.sleep(2)
+        after = busy_cpu_s()
+        if before is None or after is None or (after - before) / 2 < QUIET_CORES:
+            break
+    return time.perf_counter() - start
+
+
 def children_cpu_s() -> float:
     return sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])  # user + system seconds
 
