@@ -20,8 +20,9 @@ VARIANTS = [  # (name, trainer, kind)
     ("anytrain lora", "anytrain", "lora"),
     ("trl lora", "trl", "lora"),
 ]
-CURVE_STEPS = [1, 5, 10, 15, 20]  # the reward curve's columns in the table
+CURVE_STEPS = [1, 4, 8, 12, 16]  # the reward curve's columns in the table
 LAST = 5  # "the last steps": the mean reward of the last LAST steps
+TIMEOUT = 600  # seconds per run: about 90 s on the quiet 2-core machine, 4x that when others load it to 5
 
 
 def folder(name: str) -> str:
@@ -29,27 +30,24 @@ def folder(name: str) -> str:
     return f"grpo-{name.replace(' ', '-')}"
 
 
-def generating_s(train: list[dict]) -> float:
-    """The seconds an anytrain run spent on rollouts: each log line's `generating` share of its window, the window's
-    seconds being its completions over its completions/s (one line a step here)."""
-    total, before = 0.0, 0
-    for line in train:
-        completions = (line["step"] - before) * grpo_job.PROMPTS * grpo_job.GENERATIONS
-        total += line["generating"] * completions / line["samples_per_s"]
-        before = line["step"]
-    return total
+def windows(train: list[dict]) -> list[float]:
+    """An anytrain run's seconds per log line (one line a step here): its completions over its completions/s."""
+    steps = [line["step"] - before for line, before in zip(train, [0] + [line["step"] for line in train])]
+    return [n * grpo_job.PROMPTS * grpo_job.GENERATIONS / line["samples_per_s"] for n, line in zip(steps, train)]
 
 
 def anytrain_run(runner: Runner, name: str, kind: str, seed: int, data: Path, model: Path) -> dict:
     d = runner.fresh(folder(name))
     args = ["--model", f"hf:{model}", "--dataset", str(data), "--output-dir", str(d), "--no-progress", "--no-plot"]
     options = [*args, *grpo_job.anytrain_options(kind, seed, grpo_job.rewards_file(data))]
-    rec = runner.run(f"grpo/{name}", launch_cmd("cpu.yaml", TRAIN, *options))
+    rec = runner.run(f"grpo/{name}", launch_cmd("cpu.yaml", TRAIN, *options), timeout=TIMEOUT)
     if "error" not in rec:
         train, _, s = toolkit.read_run(d)
         rec.update(loop_s=s["first_step_s"] + s["train_seconds"], steps=s["optimizer_steps"])
         rec.update(peak_memory_bytes=s["peak_memory_bytes"], trainable_parameters=s["trainable_parameters"])
-        rec.update(rewards=[line["reward"] for line in train], generating_s=generating_s(train))
+        seconds = windows(train)  # each line's `generating`: the share of its window spent on rollouts
+        generating = sum(line["generating"] * w for line, w in zip(train, seconds))
+        rec.update(rewards=[line["reward"] for line in train], generating_s=generating, step_seconds=seconds)
     return rec
 
 
@@ -57,7 +55,8 @@ def trl_run(runner: Runner, name: str, kind: str, seed: int, data: Path, model: 
     d = runner.fresh(folder(name))
     script = BENCH / "peers" / "trl_grpo_job.py"
     cmd = [PY, str(script), "--data", str(data), "--model", str(model), "--kind", kind, "--seed", str(seed)]
-    rec = runner.run(f"grpo/{name}", [*cmd, "--json", str(d / "result.json"), "--out", str(d / "run")])
+    out = ["--json", str(d / "result.json"), "--out", str(d / "run")]
+    rec = runner.run(f"grpo/{name}", [*cmd, *out], timeout=TIMEOUT)
     if "error" not in rec:
         result = json.loads((d / "result.json").read_text())
         rec.update(result, generating_s=result["rollout_s"])
@@ -73,6 +72,7 @@ def variant(name: str, trainer: str, kind: str, data: Path, model: Path):
         rec["waited_for_quiet_s"] = waited
         if "error" not in rec:
             rec.update(seed=seed, step_s=rec["loop_s"] / rec["steps"], generating=rec["generating_s"] / rec["loop_s"])
+            rec["typical_step_s"] = statistics.median(rec["step_seconds"][1:])  # the steps after the first
         return rec
 
     return run
@@ -93,6 +93,7 @@ def summarise(records: list[dict]) -> dict:
         rows[name] = {
             "step_s": min(r["step_s"] for r in ok),
             "step_s_median": statistics.median(r["step_s"] for r in ok),
+            "typical_step_s": statistics.median(r["typical_step_s"] for r in ok),
             "generating": statistics.median(r["generating"] for r in ok),
             "generating_step_s": statistics.median(r["generating_s"] / r["steps"] for r in ok),
             "peak_mib": statistics.median(r["peak_memory_bytes"] for r in ok) / 2**20,
@@ -109,23 +110,34 @@ def summarise(records: list[dict]) -> dict:
 
 
 def table(rows: dict) -> str:
-    head = ["variant", "time per step (best)", "median", "generating (median share)", "peak RSS (median)"]
-    head += [f"reward, step {s}" for s in CURVE_STEPS] + ["mean reward, all steps", f"last {LAST} steps"]
-    out = md_head(*head, "trainable", "others' load")
+    """Two tables (time and memory; the reward curve), then a line per pair."""
+    head = ["variant", "time per step (best run)", "median run", "median step", "generating (share, s a step)"]
+    out = md_head(*head, "peak RSS (median)", "trainable", "others' load")
     for name, row in rows.items():
         if row is None:
-            out.append(f"| {name} | failed |" + " |" * (len(head) + 1))
+            out.append(f"| {name} | failed | | | | | | |")
             continue
-        curve = [f"{m:.3f} ± {sd:.3f}" for m, sd in (row["curve"][s - 1] for s in CURVE_STEPS if s <= row["steps"])]
-        (mean, mean_sd), (last, last_sd) = row["mean_reward"], row["last_reward"]
         out.append(
-            f"| {name} | {row['step_s']:.2f} s | {row['step_s_median']:.2f} s | {100 * row['generating']:.0f} % "
-            f"({row['generating_step_s']:.2f} s) | {row['peak_mib']:,.0f} MiB | {' | '.join(curve)} | "
-            f"{mean:.3f} ± {mean_sd:.3f} | {last:.3f} ± {last_sd:.3f} | {row['trainable_parameters']:,} | "
-            f"{row['other_load_median']:.2f} |"
+            f"| {name} | {row['step_s']:.2f} s | {row['step_s_median']:.2f} s | {row['typical_step_s']:.2f} s | "
+            f"{100 * row['generating']:.0f} % ({row['generating_step_s']:.2f} s) | {row['peak_mib']:,.0f} MiB | "
+            f"{row['trainable_parameters']:,} | {row['other_load_median']:.2f} |"
         )
+    out += ["", *curve_table(rows)]
     out += [comparison(kind, rows.get(f"anytrain {kind}"), rows.get(f"trl {kind}")) for kind in ("full", "lora")]
-    return "\n".join(line for line in out if line)
+    return "\n".join(out)
+
+
+def curve_table(rows: dict) -> list[str]:
+    """The mean reward (± sd over the seeds) at some steps, over all steps and over the last LAST."""
+    head = [f"reward at step {s}" for s in CURVE_STEPS] + ["mean over all steps", f"last {LAST} steps"]
+    out = md_head("variant", *head)
+    for name, row in rows.items():
+        if row is None:
+            continue
+        curve = [row["curve"][s - 1] for s in CURVE_STEPS if s <= row["steps"]]
+        cells = [f"{m:.3f} ± {sd:.3f}" for m, sd in [*curve, row["mean_reward"], row["last_reward"]]]
+        out.append(f"| {name} | {' | '.join(cells)} |")
+    return out
 
 
 def comparison(kind: str, a: dict | None, t: dict | None) -> str:
@@ -136,7 +148,8 @@ def comparison(kind: str, a: dict | None, t: dict | None) -> str:
     gap, sd, step = max(gaps)
     return (
         f"\n{kind}: anytrain / TRL time per step {a['step_s'] / t['step_s']:.3f} (best runs), "
-        f"{a['step_s_median'] / t['step_s_median']:.3f} (medians); generating {a['generating_step_s']:.2f} vs "
+        f"{a['step_s_median'] / t['step_s_median']:.3f} (median runs), {a['typical_step_s'] / t['typical_step_s']:.3f} "
+        f"(median steps); generating {a['generating_step_s']:.2f} vs "
         f"{t['generating_step_s']:.2f} s a step, the rest {a['step_s_median'] - a['generating_step_s']:.2f} vs "
         f"{t['step_s_median'] - t['generating_step_s']:.2f} s; peak RSS {a['peak_mib'] / t['peak_mib']:.3f}; "
         f"mean reward anytrain - TRL {a['mean_reward'][0] - t['mean_reward'][0]:+.3f} (seed-to-seed sd "

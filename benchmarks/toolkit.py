@@ -186,8 +186,8 @@ class Runner:
         self.log = (out / "bench.log").open("w")
         self.records: list[dict] = []
 
-    def run(self, name: str, cmd: list[str], env: dict | None = None, first_step: Path | None = None) -> dict:
-        rec = {"name": name, **run_process(cmd, self.log, env=env, first_step=first_step)[0]}
+    def run(self, name: str, cmd: list[str], env=None, first_step: Path | None = None, timeout=TIMEOUT) -> dict:
+        rec = {"name": name, **run_process(cmd, self.log, env=env, timeout=timeout, first_step=first_step)[0]}
         self.records.append(rec)
         status = rec.get("error", "ok")
         print(f"  {name:34s} {rec['wall_s']:6.1f} s  load {rec['load1_before']:.1f}  {status}", flush=True)

@@ -6,7 +6,8 @@ prompts x 8), steps_per_generation 1: one generation per optimizer step, as anyt
 start of training to the end of its last optimizer step (a TrainerCallback); the time generating is what the
 trainer's _generate_and_score_completions takes (the prompts rendered, generate, the completions decoded and scored,
 the advantages: what anytrain's `generating` times), and of it the model's generate alone; peak memory the process's
-own maximum resident set (trl_run.py); the reward curve is TRL's own logged `reward` of each step.
+own maximum resident set (trl_run.py); the reward curve is TRL's own logged `reward` of each step; each step's own
+seconds from a second TrainerCallback (StepEnds).
 `python trl_grpo_job.py --data DIR --model FOLDER --kind full|lora --seed N --json OUT --out DIR`"""
 
 import functools
@@ -16,7 +17,7 @@ import time
 
 import datasets
 import grpo_job
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl_run import Clock, lora_config, parser, train_and_save
 
@@ -26,6 +27,19 @@ def reward_function(data):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.ones
+
+
+class StepEnds(TrainerCallback):
+    """When training begins and when each optimizer step ends (perf_counter): each step's own seconds."""
+
+    def __init__(self):
+        self.marks: list[float] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.marks = [time.perf_counter()]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.marks.append(time.perf_counter())
 
 
 def timed(seconds: dict, name: str, fn):
@@ -59,9 +73,10 @@ def main() -> None:
     peft_config = lora_config(grpo_job.LORA_R, grpo_job.LORA_ALPHA) if args.kind == "lora" else None
     model = AutoModelForCausalLM.from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    ends = StepEnds()
     trainer = GRPOTrainer(
         model=model, reward_funcs=[reward_function(args.data)], args=config, train_dataset=train,
-        processing_class=tokenizer, peft_config=peft_config, callbacks=[Clock()],
+        processing_class=tokenizer, peft_config=peft_config, callbacks=[Clock(), ends],
     )  # fmt: skip
     seconds = {"rollout": 0.0, "generate": 0.0}
     rollout = trainer._generate_and_score_completions
@@ -70,7 +85,8 @@ def main() -> None:
     train_and_save(trainer, tokenizer, args, args.kind == "lora")
     result = json.loads(args.json.read_text())
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
-    result.update(rewards=rewards, rollout_s=seconds["rollout"], generate_s=seconds["generate"])
+    steps = [b - a for a, b in zip(ends.marks, ends.marks[1:])]
+    result.update(rewards=rewards, rollout_s=seconds["rollout"], generate_s=seconds["generate"], step_seconds=steps)
     args.json.write_text(json.dumps(result))
 
 
