@@ -11,6 +11,7 @@ from pathlib import Path
 import bench_render
 import bench_summary
 import dpo_vs_trl
+import grpo_vs_trl
 import peers_bench
 import sft_vs_trl
 import toolkit
@@ -133,7 +134,7 @@ def json_of(runner: Runner, name: str, script: str, rounds: int, env: dict | Non
 
 def side_sections(runner: Runner, sections: set[str], rounds: int) -> dict:
     """The sections that run their own scripts, after the interleaved variants."""
-    side = {"data_wait": None, "cpu": None, "peers": None, "sft": None, "dpo": None}
+    side = {"data_wait": None, "cpu": None, "peers": None, "sft": None, "dpo": None, "grpo": None}
     side["gpu"] = {"skipped": "not asked for (--sections)"}
     if "data" in sections:
         print("data path (in-process, interleaved rounds)", flush=True)
@@ -149,6 +150,8 @@ def side_sections(runner: Runner, sections: set[str], rounds: int) -> dict:
         side["sft"] = sft_vs_trl.main(["--out", str(runner.out / "sft"), "--rounds", str(rounds + 1)])
         print("peers: preference tuning through anytrain --task dpo/reward and TRL's DPO/RewardTrainer", flush=True)
         side["dpo"] = dpo_vs_trl.main(["--out", str(runner.out / "dpo"), "--rounds", str(rounds)])
+        print("peers: online RL through anytrain --task grpo and TRL's GRPOTrainer (interleaved)", flush=True)
+        side["grpo"] = grpo_vs_trl.main(["--out", str(runner.out / "grpo"), "--rounds", str(rounds)])
     if "gpu" in sections:
         import torch
 
@@ -178,6 +181,7 @@ def main(argv=None) -> None:
     result = {"machine": m, "summary": s, "records": records, "data_wait": dw, "cpu_per_step": side["cpu"]}
     result["sft_vs_trl"] = side["sft"]  # its table: bench_out/sft/ and docs/benchmarks.md, "Chat fine-tuning"
     result["dpo_vs_trl"] = side["dpo"]  # its table: bench_out/dpo/ and docs/benchmarks.md, "Preference tuning"
+    result["grpo_vs_trl"] = side["grpo"]  # its table: bench_out/grpo/ and docs/benchmarks.md, "Online RL"
     toolkit.write_json(out / "bench.json", {**result, "elapsed_s": elapsed, "rounds": args.rounds})
     bench_render.plot(s, dw, out / "bench.png")
     table = bench_render.tables(s, dw)

@@ -10,7 +10,6 @@ when trl is installed (`make install-peers`); alone: `python benchmarks/dpo_vs_t
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import toolkit
@@ -37,22 +36,6 @@ PAIRS = [  # (what, anytrain's variant, TRL's variant)
     ("DPO LoRA", "anytrain dpo lora", "trl dpo lora"),
     ("reward model", "anytrain reward", "trl reward"),
 ]
-
-
-QUIET_WAIT_S, QUIET_CORES = 120, 0.3  # before each run: wait (at most) until the rest of the machine is this quiet
-
-
-def settle() -> float:
-    """Wait, at most QUIET_WAIT_S, until the machine's other processes keep less than QUIET_CORES cores busy over
-    2 s (a shared machine: someone else's job in the middle of a run shifts its loop time): seconds waited."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < QUIET_WAIT_S:
-        before = toolkit.busy_cpu_s()
-        time.sleep(2)
-        after = toolkit.busy_cpu_s()
-        if before is None or after is None or (after - before) / 2 < QUIET_CORES:
-            break
-    return time.perf_counter() - start
 
 
 def folder(name: str) -> str:
@@ -92,7 +75,7 @@ def variant(name: str, trainer: str, kind: str, extra: list[str], data: dict[str
     def run(runner: Runner) -> dict:
         seed = 42 + sum(1 for r in runner.records if r["name"] == f"dpo/{name}")  # round r: seed 42 + r
         go = trl_run if trainer == "trl" else anytrain_run
-        waited = settle()
+        waited = toolkit.settle()
         rec = go(runner, name, kind, extra, seed, where, model)
         rec["waited_for_quiet_s"] = waited
         if "error" not in rec:

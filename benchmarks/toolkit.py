@@ -86,6 +86,22 @@ def busy_cpu_s() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # guest time is already in user
 
 
+QUIET_WAIT_S, QUIET_CORES = 120, 0.3  # before a timed run: wait (at most) until the rest of the machine is this quiet
+
+
+def settle() -> float:
+    """Wait, at most QUIET_WAIT_S, until the machine's other processes keep less than QUIET_CORES cores busy over
+    2 s (a shared machine: someone else's job in the middle of a run shifts its loop time): seconds waited."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < QUIET_WAIT_S:
+        before = busy_cpu_s()
+        time.sleep(2)
+        after = busy_cpu_s()
+        if before is None or after is None or (after - before) / 2 < QUIET_CORES:
+            break
+    return time.perf_counter() - start
+
+
 def children_cpu_s() -> float:
     return sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])  # user + system seconds
 
@@ -164,8 +180,8 @@ class Runner:
         self.log = (out / "bench.log").open("w")
         self.records: list[dict] = []
 
-    def run(self, name: str, cmd: list[str], env: dict | None = None, first_step: Path | None = None) -> dict:
-        rec = {"name": name, **run_process(cmd, self.log, env=env, first_step=first_step)[0]}
+    def run(self, name: str, cmd: list[str], env=None, first_step: Path | None = None, timeout=TIMEOUT) -> dict:
+        rec = {"name": name, **run_process(cmd, self.log, env=env, timeout=timeout, first_step=first_step)[0]}
         self.records.append(rec)
         status = rec.get("error", "ok")
         print(f"  {name:34s} {rec['wall_s']:6.1f} s  load {rec['load1_before']:.1f}  {status}", flush=True)
