@@ -1,6 +1,6 @@
 """The house rules that keep a new task one module: every registered task passes the enforced contract
 (tasks/contract.py Task), no source file outside tasks/ names a task, the package has no import cycles,
-config.py reads no data and data/ never reaches up into tasks/, and the config is frozen once made (a settled
+config/ reads no data and data/ never reaches up into tasks/, and the config is frozen once made (a settled
 task is a new config)."""
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def test_the_package_has_no_import_cycles():
 
 def test_the_layers_point_one_way():
     graph = module_graph()
-    config = set(imports(SRC / "config.py"))
+    config = {m for path in (SRC / "config").glob("*.py") for m in imports(path)}
     assert not any(m.startswith(("anytrain.data", "datasets")) for m in config), config  # no data, no sniffing
     for name, targets in graph.items():
         if name.startswith("anytrain.data"):
@@ -209,11 +209,11 @@ def test_the_guide_names_every_option_in_its_section():
 
 def test_a_registry_tasks_own_options_are_its_section_without_config_py(tmp_path):
     """multilabel declares --threshold beside itself (tasks/multilabel/options.py): it is a flag in --help, a YAML
-    section, part of config.yaml and of the resume check, and config.py does not name it."""
+    section, part of config.yaml and of the resume check, and config/ does not name it."""
     from anytrain.checkpoint import check_compatible
     from anytrain.config import build_parser, parse_config, saved_options
 
-    assert "threshold" not in (SRC / "config.py").read_text()
+    assert not any("threshold" in path.read_text() for path in (SRC / "config").glob("*.py"))
     assert "--threshold" in build_parser().format_help().split("multilabel options:")[1]
     (tmp_path / "c.yaml").write_text("multilabel:\n  threshold: 0.3\n")
     assert parse_config(["--config", str(tmp_path / "c.yaml")]).section("multilabel").threshold == 0.3

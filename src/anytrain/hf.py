@@ -16,9 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, TrainConfig, first_line
+from .config import HF_PREFIX, ConfigError, TrainConfig, first_line
 
-PREFIX = "hf:"
 FOLDER = "hf"  # the run folder's save_pretrained output: run_dir/hf
 CAUSAL = "AutoModelForCausalLM"  # the Auto class of the tasks that train a causal LM (lm, sft, dpo)
 # A folder's tokenizer: without one of these, transformers 5 builds an empty tokenizer of special tokens only.
@@ -47,7 +46,7 @@ class Head:
 
 def source_of(cfg: TrainConfig) -> str:
     """The folder or hub id after hf:, a folder's path expanded."""
-    source = cfg.model.name.removeprefix(PREFIX)
+    source = cfg.model.name.removeprefix(HF_PREFIX)
     path = Path(source).expanduser()
     return str(path) if path.exists() else source
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..config import HELP, TASK_RESOLVERS, ConfigError, TrainConfig, add_section, restore_shared
+from ..config import HELP, HF_PREFIX, TASK_RESOLVERS, ConfigError, TrainConfig, add_section, restore_shared
 
 if TYPE_CHECKING:  # the registry stays light: `--help` and bad flags answer without importing torch
     from .contract import Task
@@ -63,7 +63,7 @@ REGISTRY: dict[str, Line] = {
     "hf:seq2seq": Line("seq2seq", "hf_seq2seq:Seq2Seq"),
 }
 META_KEY = "task_module"  # the registry line of a run (or its FILE.py:Class), saved with its weights
-HF = "hf:"
+HF = HF_PREFIX  # the registry keys of the tasks that train a transformers model
 OWN_CLASSES: dict[str, type[Task]] = {}  # FILE.py:Class -> the class given to anytrain.train(task=...)
 
 
