@@ -133,7 +133,12 @@ def test_several_target_columns_and_the_huber_loss(tmp_path):
             ["--task", "multilabel"],
             "the test split of",
         ),
-        ({"x": [1.0, 2.0] * 20, "label": [0, 1] * 20}, ["--loss", "huber"], "--loss huber is a regression loss"),
+        ({"x": [1.0, 2.0] * 20, "label": [0, 1] * 20}, ["--loss", "huber"], "--loss huber is a loss of --task regress"),
+        (
+            {"x": [1.0, 2.0] * 20, "label": [0.5, 1.5] * 20},
+            ["--task", "regress", "--loss", "l1"],
+            "--loss: unknown loss 'l1' (choose auto, mse, huber, or your own as module:fn)",
+        ),
     ],
 )
 def test_bad_targets_are_one_line_and_write_nothing(capsys, tmp_path, table, argv, expected):

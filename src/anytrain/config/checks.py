@@ -58,8 +58,6 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("--resume and --overwrite contradict each other: choose one")
     if data.streaming and not optim.max_steps:
         raise ConfigError("--streaming needs --max-steps: a stream has no length to size the learning-rate schedule by")
-    if optim.loss not in ("auto", "mse", "huber") and ":" not in optim.loss:
-        raise ConfigError(f"--loss: unknown loss '{optim.loss}' (choose auto, mse, huber, or your own as module:fn)")
     if data.persistent_workers and data.num_workers == 0:
         raise ConfigError("--persistent-workers needs --num-workers > 0")
     if model.gradient_checkpointing and not model.name.startswith(HF_PREFIX):

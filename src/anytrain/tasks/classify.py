@@ -31,6 +31,7 @@ from .contract import Task
 
 class Labelled(Task):
     offers = frozenset({"predict"})
+    labelled = True
     label_form: ClassVar[str] = CLASSES  # what its labels hold (data.targets): class ids, values or lists
 
     def load_data(self, given=None) -> Splits:

@@ -111,6 +111,7 @@ class Task(abc.ABC):
     step_shares: ClassVar[bool] = False  # the loop gives each batch its share of its step's count (ctx.share)
     hints: ClassVar[dict[str, str]] = {}  # capability -> what to use instead, said with its refusal
     losses: ClassVar[tuple[str, ...]] = ()  # the built-in --loss names it also trains with (mse, huber)
+    labelled: ClassVar[bool] = False  # it reads a label column (--label-column): a table's 'target' is found for it
 
     key: str = ""  # its registry line (or FILE.py:Class), set by the registry
     data: Splits

@@ -13,7 +13,6 @@ from ..data.bundled import LABELLED_TEXT
 from ..data.describe import Source
 from ..data.splits import Splits
 from . import HF, classes, is_own, line_class, make_task, names, own_task
-from .classify import Labelled
 from .contract import ASKED_BY, CAPABILITIES, Task, offered, refusal
 
 
@@ -108,13 +107,14 @@ LABEL_NAMES = ("label", "labels", "target", "targets", "y")  # what tables usual
 
 def named_label(cfg: TrainConfig, source: Source) -> tuple[TrainConfig, tuple[str, ...]]:
     """--label-column left at 'label' on a table that has no such column but one of the other usual names
-    (scikit-learn's frames say 'target'): that column, said at start. For labelled tables only."""
+    (scikit-learn's frames say 'target'): that column, said at start. For the tasks that read labels
+    (Task.labelled) only."""
     if "label_column" in cfg.given or not source.readable:
         return cfg, ()
     if cfg.data.task == "auto":
-        if cfg.model.name == "gpt" or source.plain_text:
-            return cfg, ()
-    elif not any(cls.name == cfg.data.task and issubclass(cls, Labelled) for cls in classes().values()):
+        if any(not cls.labelled and cls.detect(source) for cls in classes().values()):
+            return cfg, ()  # a task without labels claims the data (text to model, prompts, pairs)
+    elif not any(cls.name == cfg.data.task and cls.labelled for cls in classes().values()):
         return cfg, ()
     columns = source.train.column_names
     found = [name for name in LABEL_NAMES if name in columns]
@@ -131,13 +131,24 @@ def check_offered(cfg: TrainConfig, task: type[Task]) -> None:
             those = [cls.name for cls in classes().values() if offered(cls, capability)]
             flag = OPTIONS[option].flag
             raise ConfigError(refusal(task, capability, flag) + f" (tasks that do: {', '.join(dict.fromkeys(those))})")
-    if cfg.optim.loss in ("mse", "huber") and cfg.optim.loss not in task.losses:
+    check_loss(cfg, task)
+
+
+def check_loss(cfg: TrainConfig, task: type[Task]) -> None:
+    """--loss by name: one that a task of the registry declares (Task.losses), and the settled task's."""
+    loss = cfg.optim.loss
+    if loss == "auto" or ":" in loss:
+        return
+    owners = {name: cls.name for cls in classes().values() for name in cls.losses}
+    if loss not in owners:
+        raise ConfigError(f"--loss: unknown loss '{loss}' (choose auto, {', '.join(owners)}, or your own as module:fn)")
+    if loss not in task.losses:
         said = (
             f"--task {task.name} has its own (--loss auto)"
             if "task" in cfg.given
             else f"this data is a {task.name} task"
         )
-        raise ConfigError(f"--loss {cfg.optim.loss} is a regression loss; {said}")
+        raise ConfigError(f"--loss {loss} is a loss of --task {owners[loss]}; {said}")
 
 
 def check_model(cfg: TrainConfig, task: type[Task]) -> None:
