@@ -424,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--output-dir", default="", help="if given, write model.safetensors and summary.json there (default: none)"
     )
-    # The trainer's options that mean the same here (config.py marks them); its others (accumulation,
+    # The trainer's options that mean the same here (config/sections.py marks them); its others (accumulation,
     # early stopping, logging, workers) belong to its loop and are not offered.
     add_options(parser, [o for o in OPTIONS.values() if o.model_parallel], defaults=True)
     return parser

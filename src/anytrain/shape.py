@@ -4,7 +4,7 @@ that every model factory receives (the registry's and a user's `--model module:f
     def factory(model: ModelConfig, shape: DataShape) -> nn.Module
 
 `model` holds --model (as model.name), --hidden-sizes, --channels, --blocks-per-stage, --n-layer,
---n-head, --n-embd and --dropout (config.py); `shape` the sizes below.
+--n-head, --n-embd and --dropout (config/sections.py); `shape` the sizes below.
 
 The module maps a batch of inputs to logits:
 

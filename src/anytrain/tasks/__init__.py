@@ -139,7 +139,7 @@ def names() -> list[str]:
 
 
 def _resolve(value: str) -> None:
-    """config.py's hook: the options of the task a --task value names, registered before options are read. An own
+    """config/'s hook: the options of the task a --task value names, registered before options are read. An own
     task that cannot be imported is said once, by settle, with the option's name."""
     if is_own(value):
         try:
