@@ -75,7 +75,10 @@ class DataConfig:
         "is modelled (lm; for lm, with any model, empty = 'text')",
     )
     block_size: int = option(
-        64, "lm: context length in tokens (each training window holds block_size + 1 tokens)", bounds=POSITIVE
+        64,
+        "context length in tokens of a text read as token windows (--model gpt: its positions); each training "
+        "window holds block_size + 1 tokens",
+        bounds=POSITIVE,
     )
     image_size: int = option(
         0, "images: resize every image to N x N pixels; 0 = the first training image's larger side", bounds=NON_NEGATIVE
@@ -115,8 +118,8 @@ class DataConfig:
     )
     max_length: int = option(
         256,
-        "text classification: tokens kept of each text (longer ones are truncated); also the encoder's "
-        "positions. Batches are padded to their longest text",
+        "tokens kept of each text a model reads whole (longer ones are truncated; a chat, a pair or a prompt as its "
+        "task says); also the encoder's positions. Batches are padded to their longest text",
         bounds=POSITIVE,
     )
     packing: bool = option(
@@ -255,7 +258,7 @@ class EvalConfig:
     )
     eval_windows: int = option(
         0,
-        "lm: validation windows per evaluation; 0 = every non-overlapping window of the validation text",
+        "validation windows per evaluation of a text read as token windows; 0 = every non-overlapping window",
         bounds=NON_NEGATIVE,
     )
     early_stopping_patience: int = option(
