@@ -39,7 +39,7 @@ def main() -> None:
     try:
         for mode in ("single", "naive", "pipelined"):
             print(f"\n--- {mode} ---")
-            _, summary = train_model_parallel(cfg, mode, split_at=args.split_at, micro_batches=args.micro_batches)
+            _, summary, _ = train_model_parallel(cfg, mode, split_at=args.split_at, micro_batches=args.micro_batches)
             results.append(summary)
     except ConfigError as err:
         sys.exit(f"error: {err}")

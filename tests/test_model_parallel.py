@@ -197,7 +197,7 @@ def test_every_variant_trains_like_the_trainer_on_the_digits(tmp_path):
     trainer = train(cfg)  # the data-parallel trainer, one process
     results = {}
     for mode, micro_batches in [("single", 1), ("naive", 1), ("pipelined", 4), ("pipelined", 5)]:
-        model, summary = train_model_parallel(cfg, mode, micro_batches=micro_batches, verbose=False)
+        model, summary, _ = train_model_parallel(cfg, mode, micro_batches=micro_batches, verbose=False)
         state = (model.to_sequential() if isinstance(model, TwoStageModel) else model).state_dict()
         results[mode, micro_batches] = summary, state
     single, single_state = results["single", 1]

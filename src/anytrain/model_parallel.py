@@ -261,8 +261,8 @@ def on_devices(model: nn.Module, loader):
 
 
 def prepare(cfg: TrainConfig, mode: str, split_at: int | None, micro_batches: int, devices) -> tuple:
-    """(data, the split model, its loaders and sampler, optimizer, scheduler): the trainer's data,
-    initial weights, optimizer and schedule, one process, fp32."""
+    """(the task, its data, the split model, its loaders and sampler, optimizer, scheduler): the trainer's task,
+    data, initial weights, optimizer and schedule, one process, fp32."""
     from accelerate.utils import set_seed
 
     from .data.splits import make_loader
@@ -294,16 +294,19 @@ def prepare(cfg: TrainConfig, mode: str, split_at: int | None, micro_batches: in
     check_batches_fit(model, cfg, data)
     optimizer = build_optimizer(cfg.optim, model)
     total_steps = min(cfg.optim.max_steps or math.inf, cfg.optim.epochs * len(train_loader))
-    return data, model, loaders, sampler, optimizer, build_scheduler(cfg.optim, optimizer, total_steps), total_steps
+    scheduler = build_scheduler(cfg.optim, optimizer, total_steps)
+    return task, data, model, loaders, sampler, optimizer, scheduler, total_steps
 
 
-def train_epoch(cfg: TrainConfig, model: nn.Module, loader, optimizer, scheduler, step: int, total_steps) -> tuple:
-    """One pass over the training batches, or up to total_steps; returns (step, samples trained, last loss)."""
-    criterion, samples = nn.CrossEntropyLoss(), 0
+def train_epoch(task, model: nn.Module, loader, optimizer, scheduler, step: int, total_steps) -> tuple:
+    """One pass over the training batches, or up to total_steps; returns (step, samples trained, last loss).
+    The loss is the task's (the trainer's classify: cross-entropy); the step is the trainer's default step without
+    accelerate, as one process drives both devices."""
+    cfg, samples = task.cfg, 0
     # Each batch enters on stage 1's device; the loss is taken where stage 2 leaves the outputs.
     for inputs, targets in on_devices(model, loader):
         outputs = model(inputs)
-        loss = criterion(outputs, targets)
+        loss = task.loss(outputs, targets)
         optimizer.zero_grad()
         loss.backward()  # autograd carries the gradients back across the device boundary
         if cfg.optim.max_grad_norm:
@@ -321,10 +324,11 @@ def train_model_parallel(
     cfg: TrainConfig, mode="pipelined", split_at=None, micro_batches=4, devices=None, verbose=True
 ):
     """Train cfg's model on cfg's data with one of the MODES (split_at: stage 2's first layer, default
-    balanced; devices: the two stages' devices, default pick_devices()); returns (model, summary)."""
+    balanced; devices: the two stages' devices, default pick_devices()); returns (model, summary, task): the task
+    (classify, its data loaded) names what is saved with the weights (save_run)."""
     say = print if verbose else (lambda *a, **k: None)
     started = time.perf_counter()
-    data, model, (train_loader, val_loader, test_loader), sampler, optimizer, scheduler, total_steps = prepare(
+    task, data, model, (train_loader, val_loader, test_loader), sampler, optimizer, scheduler, total_steps = prepare(
         cfg, mode, split_at, micro_batches, devices
     )
     say(placement(model))
@@ -333,15 +337,15 @@ def train_model_parallel(
         sampler.generator.manual_seed(cfg.run.seed + epoch)
         model.train()
         epoch_start = time.perf_counter()
-        step, seen, loss = train_epoch(cfg, model, train_loader, optimizer, scheduler, step, total_steps)
+        step, seen, loss = train_epoch(task, model, train_loader, optimizer, scheduler, step, total_steps)
         samples += seen
         train_seconds += time.perf_counter() - epoch_start
-        val = evaluate(model, on_devices(model, val_loader), Classification(cfg))
+        val = evaluate(model, on_devices(model, val_loader), task)
         metrics = f"loss {loss.item():.4f}, val_loss {val['loss']:.4f}, val_accuracy {val['accuracy']:.4f}"
         say(f"epoch {epoch}: step {step}, {metrics}")
         if step >= total_steps:
             break
-    test = evaluate(model, on_devices(model, test_loader), Classification(cfg))
+    test = evaluate(model, on_devices(model, test_loader), task)
     summary = {
         "mode": mode,
         "placement": placement(model),
@@ -357,38 +361,24 @@ def train_model_parallel(
         "dataset": data.source,
         "num_features": data.shape.num_features,
         "num_classes": data.num_classes,
-        "data_shape": data.shape.to_json(),  # saved with the weights, as every run's (save_run)
+        "data_shape": data.shape.to_json(),
         "input_columns": data.input_columns,
     }
     results = f"test_accuracy {test['accuracy']:.4f}, test_loss {test['loss']:.4f}, {summary['wall_time_s']:.1f}s"
     say(f"model_parallel: {mode}: {results}")
-    return model, summary
+    return model, summary, task
 
 
-def save_run(model: nn.Module, summary: dict, cfg: TrainConfig, output_dir: str) -> None:
-    """model.safetensors (loadable with anytrain.load_model, whatever the mode) and summary.json."""
-    import json
-
+def save_run(model: nn.Module, summary: dict, task, output_dir: str) -> None:
+    """model.safetensors (loadable with anytrain.load_model and predict, whatever the mode), with the metadata the
+    trainer saves (the task's weights_metadata and its registry line), and summary.json."""
     from .outputs import WEIGHTS, save_weights, write_json
-    from .tasks import META_KEY, classes
-
-    task_key = next(key for key, cls in classes().items() if cls is Classification)  # the line reload finds
+    from .tasks import META_KEY
 
     run_dir = Path(output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     merged = model.to_sequential() if isinstance(model, TwoStageModel) else model
-    save_weights(
-        merged.state_dict(),
-        run_dir / WEIGHTS,
-        cfg,
-        {
-            "data_shape": summary["data_shape"],
-            "num_features": str(summary["num_features"]),
-            "num_classes": str(summary["num_classes"]),
-            **({"input_columns": json.dumps(summary["input_columns"])} if summary["input_columns"] else {}),
-            META_KEY: task_key,
-        },
-    )
+    save_weights(merged.state_dict(), run_dir / WEIGHTS, task.cfg, {**task.weights_metadata(), META_KEY: task.key})
     write_json(run_dir / "summary.json", summary)
 
 
@@ -451,9 +441,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"--micro-batches {micro_batches} is more than the {cfg.optim.batch_size} samples of a batch "
                 "(--batch-size)"
             )
-        model, summary = train_model_parallel(cfg, mode, split_at, micro_batches)
+        model, summary, task = train_model_parallel(cfg, mode, split_at, micro_batches)
         if output_dir:
-            save_run(model, summary, cfg, output_dir)
+            save_run(model, summary, task, output_dir)
     except ConfigError as err:
         print(f"model_parallel: error: {err}", file=sys.stderr)
         sys.exit(2)
