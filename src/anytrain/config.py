@@ -16,6 +16,8 @@ the accelerate config the run is launched with, so the same options train anywhe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import dataclasses
 import math
 import typing
@@ -45,10 +47,21 @@ POSITIVE, NON_NEGATIVE, UNIT = "(0, inf)", "[0, inf)", "[0, 1)"  # the usual bou
 
 
 def option(
-    default, help: str, *, choices=(), bounds: str = "", resumable=False, model_parallel=False, flag="", aliases=()
+    default,
+    help: str,
+    *,
+    choices=(),
+    bounds: str = "",
+    resumable=False,
+    model_parallel=False,
+    flag="",
+    aliases=(),
+    required=False,
 ):
     """A section field with its facts. bounds is an interval: '(0, inf)', '[0, 1)', '(0, 1]' ...
-    aliases: earlier names of the option, still accepted as flags, YAML keys and keywords."""
+    aliases: earlier names of the option, still accepted as flags, YAML keys and keywords.
+    required: a run of the task must be given it (flag, YAML or keyword); its default is only a placeholder of
+    its type, and a run without it is refused in one line naming the flag and the task (tasks/settle.py)."""
     facts = dict(
         help=help,
         choices=tuple(choices),
@@ -57,6 +70,7 @@ def option(
         model_parallel=model_parallel,
         flag=flag,
         aliases=tuple(aliases),
+        required=required,
     )
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=facts)
@@ -428,6 +442,7 @@ class Option:
     resumable: bool
     model_parallel: bool
     aliases: tuple
+    required: bool = False  # the run must be given it: no usable default
 
     @property
     def flag(self) -> str:
@@ -595,7 +610,7 @@ def add_options(parser: argparse.ArgumentParser, options, defaults: bool) -> Non
     groups = {name: parser.add_argument_group(f"{name} options") for name in SECTIONS}
     for o in options:
         more = HELP[o.name]() if o.name in HELP else ""
-        kwargs: dict = {"help": f"{o.help}{more} (default: {o.default})"}
+        kwargs: dict = {"help": f"{o.help}{more} " + ("(required)" if o.required else f"(default: {o.default})")}
         if defaults:
             kwargs["default"] = o.default
         if o.name == "resume":
@@ -756,8 +771,50 @@ def section_fields(section: str) -> dict:
     return {**{alias: name for alias, name in ALIASES.items() if OPTIONS[name].section == section}, **fields}
 
 
+CONFIG_FILE = "config.yaml"  # a run folder's config: written at its start, as the run settled it
+
+
 def save_config(cfg: TrainConfig, path: Path) -> None:
     write_atomically(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def read_saved(path: Path) -> dict:
+    """A saved config.yaml's mapping, sectioned as save_config wrote it; ConfigError naming the file."""
+    try:
+        saved = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not a readable config ({first_line(e)})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path}: not a config (a mapping of sections)")
+    return saved
+
+
+def read_config(run_dir: str | Path) -> TrainConfig:
+    """The config a run was trained with (`anytrain.read_config(run_dir)`): its config.yaml, the task settled,
+    options it did not save at their defaults. Reading it never displaces the options of a run being configured in
+    this process (a distiller reading its teacher's run)."""
+    path = Path(run_dir)
+    path = path / CONFIG_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(f"run_dir: no {CONFIG_FILE} in {run_dir} (an anytrain run folder is needed)")
+    saved = read_saved(path)
+    with registration_kept():
+        return TrainConfig(**saved_options(saved))
+
+
+@contextlib.contextmanager
+def registration_kept():
+    """Sections registered in the block stay; a section the block displaced (reading a registry task's run brings
+    back the registry sections an own task had set aside, and sets that task's aside) puts everything back."""
+    state = (SECTIONS, OPTIONS, ALIASES, TASK_SECTIONS, SET_ASIDE, SHARED_SECTIONS)
+    kept = [copy.copy(part) for part in state]
+    try:
+        yield
+    finally:
+        if not kept[0].keys() <= SECTIONS.keys():
+            for now, before in zip(state, kept):
+                now.clear()
+                now.update(before)  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- checks

@@ -50,6 +50,7 @@ def settle(cfg: TrainConfig, given=None) -> Settled:
 
 
 def checked(cfg: TrainConfig, key: str, cls: type[Task], reason: str, notes: tuple[str, ...]) -> Settled:
+    check_required(cfg, cls)
     check_offered(cfg, cls)
     check_model(cfg, cls)
     cls.check_settled(cfg, reason)
@@ -122,6 +123,13 @@ def named_label(cfg: TrainConfig, source: Source) -> tuple[TrainConfig, tuple[st
         return cfg, ()
     note = f"--label-column {found[0]}: the table has no '{cfg.data.label_column}' column"
     return cfg.replace(label_column=found[0]), (note,)
+
+
+def check_required(cfg: TrainConfig, task: type[Task]) -> None:
+    """The task's own options declared required (option(..., required=True)) were given, and not left empty."""
+    for o in OPTIONS.values():
+        if o.required and o.section == task.name and (o.name not in cfg.given or cfg.get(o.name) in ("", [])):
+            raise ConfigError(f"{o.flag} is required by --task {cfg.data.task}")
 
 
 def check_offered(cfg: TrainConfig, task: type[Task]) -> None:
