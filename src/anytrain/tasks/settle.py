@@ -12,7 +12,7 @@ from ..config import OPTIONS, ConfigError, TrainConfig
 from ..data.bundled import LABELLED_TEXT
 from ..data.describe import Source
 from ..data.splits import Splits
-from . import HF, classes, is_own, line_class, make_task, names, own_task
+from . import HF, classes, is_own, line_class, make_task, names, own_spec, own_task
 from .classify import Labelled
 from .contract import ASKED_BY, CAPABILITIES, Task, offered, refusal
 
@@ -32,8 +32,10 @@ def settle(cfg: TrainConfig, given=None) -> Settled:
 
         transformers()  # not installed: one line naming the extra, before any data is read
     if is_own(cfg.data.task):
-        cls = own_task(cfg.data.task)
-        return checked(cfg, cfg.data.task, cls, f"--task {cfg.data.task}", ())
+        spec = own_spec(cfg.data.task)  # FILE.py alone: FILE.py:Class, as config.yaml and the weights name it
+        cls = own_task(spec)
+        cfg = cfg if spec == cfg.data.task else cfg.replace(task=spec)
+        return checked(cfg, spec, cls, f"--task {spec}", ())
     cfg = bundled_columns(cfg)
     source = Source(cfg, given)
     cfg, named = named_label(cfg, source)
