@@ -27,13 +27,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 from torch.nn import functional as F
 
-from anytrain import HIGHER, LOWER, ConfigError, DataShape, Task, load_model, option
-from anytrain.data.splits import TensorPairs
-from anytrain.data.tables import load_labelled, predict_rows
-from anytrain.usermodel import make_model
+from anytrain import (
+    HIGHER,
+    LOWER,
+    ConfigError,
+    DataShape,
+    Task,
+    TensorPairs,
+    load_labelled,
+    load_model,
+    make_model,
+    option,
+    predict_rows,
+    read_config,
+)
 
 # The options that decide which rows land in which split: the teacher's must equal the student's.
 SAME_SPLIT = [("data", f) for f in ("dataset", "input_columns", "label_column", "val_fraction", "test_fraction")]
@@ -42,7 +51,9 @@ SAME_SPLIT += [("run", "seed")]
 
 @dataclass(frozen=True)
 class DistillOptions:
-    teacher: str = option("", "the teacher's run folder: a finished anytrain run on the same data and split (required)")
+    teacher: str = option(
+        "", "the teacher's run folder: a finished anytrain run on the same data and split", required=True
+    )
     temperature: float = option(4.0, "T: softens both distributions before they are compared", bounds="(0, inf)")
     alpha: float = option(0.5, "the hard labels' weight; 1 - alpha goes to matching the teacher", bounds="[0, 1]")
 
@@ -59,16 +70,15 @@ class Distill(Task):
     @classmethod
     def check_settled(cls, cfg, reason: str) -> None:
         """The teacher's folder exists, holds finished weights and split the data as this run will."""
-        folder = cfg.section(cls.name).teacher
-        if not folder:
-            raise ConfigError("--teacher: name the teacher's run folder (a finished anytrain run on the same data)")
-        saved = Path(folder) / "config.yaml"
-        if not (Path(folder) / "model.safetensors").is_file() or not saved.is_file():
+        folder = cfg.section(cls.name).teacher  # given: --teacher is required
+        if not (Path(folder) / "model.safetensors").is_file() or not (Path(folder) / "config.yaml").is_file():
             raise ConfigError(f"--teacher: {folder} is not a finished anytrain run folder (no model.safetensors)")
-        teacher = yaml.safe_load(saved.read_text())
+        try:
+            teacher = read_config(folder)
+        except ConfigError as err:
+            raise ConfigError(f"--teacher: {err}") from None
         for section, field in SAME_SPLIT:
-            ours = getattr(cfg.section(section), field)
-            theirs = teacher.get(section, {}).get(field, ours)  # a field it did not save: not known to differ
+            ours, theirs = getattr(cfg.section(section), field), getattr(teacher.section(section), field)
             if theirs != ours:
                 flag = "--" + field.replace("_", "-")
                 raise ConfigError(

@@ -212,3 +212,18 @@ def test_an_own_tasks_option_may_share_a_registry_tasks_name_and_each_run_gets_i
     assert grpo.section("grpo").temperature == 0.7 and "distill" not in SECTIONS
     assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "dpo", "grpo", "multilabel"]
     assert TrainConfig(temperature=0.5).section("grpo").temperature == 0.5  # --task auto: the registry's options
+
+
+def test_reading_another_runs_config_leaves_the_run_being_configured_as_it_was(tmp_path):
+    """A distiller reads its teacher's config.yaml (anytrain.read_config) while its own run is configured: the
+    registry's --temperature (grpo) that the teacher's config brings back must not displace the distiller's."""
+    import anytrain
+    from anytrain.config import save_config
+
+    distill = str(Path(__file__).parents[1] / "examples" / "distill.py") + ":Distill"
+    save_config(TrainConfig(task="classify", seed=7), tmp_path / "config.yaml")  # the teacher's run
+    own = TrainConfig(task=distill, teacher="runs/teacher", temperature=2.0)  # the run being configured
+    teacher = anytrain.read_config(tmp_path)
+    assert teacher.data.task == "classify" and teacher.run.seed == 7
+    assert "distill" in SECTIONS and "grpo" not in SECTIONS
+    assert own.flat()["teacher"] == "runs/teacher" and own.replace(lr=0.5).section("distill").temperature == 2.0

@@ -9,6 +9,7 @@ small table for a few epochs. The launches are marked `launch`; the rest is `mak
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import sys
@@ -32,9 +33,7 @@ TASK = textwrap.dedent(
     import torch
     from torch.nn import functional as F
 
-    from anytrain import HIGHER, LOWER, DataShape, Task, option
-    from anytrain.data.tables import load_labelled, predict_rows
-    from anytrain.usermodel import make_model
+    from anytrain import HIGHER, LOWER, DataShape, Task, load_labelled, make_model, option, predict_rows
 
 
     @dataclass(frozen=True)
@@ -229,3 +228,142 @@ def test_an_own_tasks_options_are_part_of_its_runs_only(one):
     assert "smoothing" in OPTIONS  # registered by the runs above
     plain = TrainConfig(lr=0.01)
     assert "smoothing" not in plain.flat() and "smoothed" not in plain.to_dict()
+
+
+# --------------------------------------------------------------------------- the public surface an own task uses
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "distill.py"
+
+
+def anytrain_imports(source: str) -> dict[str, list[str]]:
+    """{module: names} of every import of anytrain or one of its modules in a Python source."""
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "anytrain":
+            found.setdefault(node.module or "", []).extend(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "anytrain":
+                    found.setdefault(alias.name, [])
+    return found
+
+
+def test_an_own_task_needs_nothing_but_the_public_anytrain():
+    """examples/distill.py and the task above import from `anytrain` itself only, names it exports."""
+    import anytrain
+
+    for where, source in (("examples/distill.py", EXAMPLE.read_text()), ("TASK", TASK)):
+        imports = anytrain_imports(source)
+        assert list(imports) == ["anytrain"], (where, imports)
+        assert imports["anytrain"] and set(imports["anytrain"]) <= set(anytrain.__all__), where
+        assert all(getattr(anytrain, name) is not None for name in imports["anytrain"])
+
+
+def test_a_finished_runs_config_is_read_through_anytrain(one, tmp_path):
+    import anytrain
+
+    cfg = anytrain.read_config(one)
+    assert isinstance(cfg, anytrain.TrainConfig) and cfg.data.task.endswith("smoothing.py:Smoothed")
+    assert cfg.section("smoothed").smoothing == 0.2 and cfg.model.hidden_sizes == [32] and cfg.run.seed == 3
+    assert cfg == anytrain.read_config(one / "config.yaml")
+    with pytest.raises(anytrain.ConfigError, match=r"^run_dir: no config.yaml in .*nowhere \(an anytrain run folder"):
+        anytrain.read_config(tmp_path / "nowhere")
+
+
+def test_a_required_option_left_out_is_one_line_naming_it_and_the_task(capsys, tmp_path):
+    """examples/distill.py's --teacher: required by its declaration, said before anything is written; --help says
+    so; given in a --config file it counts as given."""
+    from anytrain.cli import main
+
+    spec, out = f"{EXAMPLE}:Distill", tmp_path / "out"
+    err = run_cli_error(capsys, ["--task", spec, "--output-dir", str(out)])
+    assert err == f"train.py: error: --teacher is required by --task {spec}"
+    err = run_cli_error(capsys, ["--task", spec, "--teacher", "", "--output-dir", str(out)])
+    assert err == f"train.py: error: --teacher is required by --task {spec}"
+    (tmp_path / "given.yaml").write_text(f"distill:\n  teacher: {tmp_path / 'absent'}\n")
+    err = run_cli_error(capsys, ["--task", spec, "--config", str(tmp_path / "given.yaml"), "--output-dir", str(out)])
+    assert f"--teacher: {tmp_path / 'absent'} is not a finished anytrain run folder" in err
+    assert not out.exists()
+    with pytest.raises(SystemExit) as done:
+        main(["--task", spec, "--help"])
+    assert done.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    help_line = "--teacher TEACHER the teacher's run folder: a finished anytrain run on the same data and split"
+    assert f"{help_line} (required)" in shown
+
+
+def test_a_task_file_alone_trains_its_one_task_class(files, tmp_path, capsys):
+    """--task FILE.py: the one Task subclass the file defines (not one it imports); none or several: one line."""
+    from anytrain.cli import main
+
+    task = str(files["task"])
+    base = ["--dataset", str(files["table"]), "--model", "mlp", "--hidden-sizes", "8", "--epochs", "1", "--no-progress"]
+    main(["--task", task, "--smoothing", "0.2", *base, "--no-plot", "--output-dir", str(tmp_path / "run")])
+    assert read_summary(tmp_path / "run")["task"] == "smoothed"
+    assert f"task: {task}:Smoothed\n" in (tmp_path / "run" / "config.yaml").read_text()  # as FILE.py:Class ran it
+    importer = tmp_path / "importer.py"
+    importer.write_text(f"import sys\nsys.path.insert(0, {str(files['root'])!r})\nfrom smoothing import Smoothed\n")
+    assert run_cli_error(capsys, ["--task", str(importer), *base, "--output-dir", str(tmp_path / "out")]) == (
+        f"train.py: error: --task {importer}: the file defines no task class (class Name(anytrain.Task)); write "
+        f"one, or name a class it imports as {importer}:Class"
+    )
+    several = tmp_path / "several.py"
+    several.write_text(TASK + '\n\nclass Other(Smoothed):\n    name = "other"\n')
+    assert run_cli_error(capsys, ["--task", str(several), *base, "--output-dir", str(tmp_path / "out")]) == (
+        f"train.py: error: --task {several}: the file defines 2 task classes (Smoothed, Other); name one as "
+        f"{several}:Class (--task {several}:Smoothed)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def variant(tmp_path: Path, old: str, new: str) -> Path:
+    """The task above with one line changed, in a file of its own."""
+    assert old in TASK
+    path = tmp_path / f"variant_{len(list(tmp_path.glob('variant_*')))}.py"
+    path.write_text(TASK.replace(old, new))
+    return path
+
+
+LOSS = 'return F.cross_entropy(outputs, targets, label_smoothing=self.cfg.section("smoothed").smoothing)'
+STEP = "return (losses * (running / running.mean()).float()[targets]).mean()"
+
+
+def test_a_bad_loss_of_an_own_task_is_blamed_on_the_task_not_the_model(files, tmp_path, capsys):
+    """Its loss non-scalar or NaN on the batch of 2 (before anything is written), its train_step non-scalar or NaN
+    while training: each names --task FILE.py:Class's loss or train_step, never --model."""
+    run = ["--dataset", str(files["table"]), "--model", "mlp", "--hidden-sizes", "8", "--epochs", "1"]
+    run += ["--log-every-steps", "1", "--no-progress", "--no-plot", "--output-dir", str(tmp_path / "out")]
+    vector = variant(tmp_path, LOSS, LOSS.replace("smoothing)", "smoothing, reduction='none')"))
+    err = run_cli_error(capsys, ["--task", f"{vector}:Smoothed", *run])
+    assert err == f"train.py: error: --task {vector}:Smoothed's loss: the loss must be a scalar float tensor; got (2,)"
+    nan = variant(tmp_path, LOSS, LOSS.replace("return ", "return float('nan') * "))
+    err = run_cli_error(capsys, ["--task", f"{nan}:Smoothed", *run])
+    assert err == f"train.py: error: --task {nan}:Smoothed's loss: the loss on a batch of 2 is nan before any training"
+    assert not (tmp_path / "out").exists()
+    step = variant(tmp_path, STEP, STEP.removesuffix(".mean()"))
+    err = run_cli_error(capsys, ["--task", f"{step}:Smoothed", *run, "--batch-size", "16"])
+    assert err == (
+        f"train.py: error: --task {step}:Smoothed's train_step returned a torch.float32 tensor of shape (16,), not "
+        "the batch's loss (a scalar float tensor)"
+    )
+    nan_step = variant(tmp_path, STEP, STEP.replace("return ", "return float('nan') * "))
+    with pytest.raises(SystemExit) as stopped:
+        main(["--task", f"{nan_step}:Smoothed", *run, "--overwrite"])
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert f"the training loss (what --task {nan_step}:Smoothed's train_step returned) became non-finite (nan)" in err
+    assert "--model" not in err
+
+
+def test_an_own_task_named_as_a_registry_task_is_refused_in_one_line(files, tmp_path, capsys):
+    """name = "classify" would make summary.json's task say the registry's classify trained."""
+    clash = variant(tmp_path, 'name = "smoothed"', 'name = "classify"')
+    out = tmp_path / "out"
+    err = run_cli_error(
+        capsys, ["--task", f"{clash}:Smoothed", "--dataset", str(files["table"]), "--output-dir", str(out)]
+    )
+    assert err == (
+        f"train.py: error: --task {clash}:Smoothed: Smoothed is named 'classify', a task of the registry's; pick "
+        'another name (name = "my_classify"): summary.json and the start-up line name the task by it'
+    )
+    assert not out.exists()

@@ -10,10 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
-import yaml
-
 from .checkpoint import CHECKPOINTS, read_pointer
-from .config import ConfigError, TrainConfig, save_config, saved_options, with_defaults
+from .config import CONFIG_FILE, ConfigError, TrainConfig, read_saved, save_config, saved_options, with_defaults
 from .files import write_atomically
 
 
@@ -22,13 +20,13 @@ def check_run_folder(cfg: TrainConfig) -> None:
     run_dir = Path(cfg.run.output_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--output-dir: {run_dir} exists and is not a folder")
-    saved_config = run_dir / "config.yaml"
+    saved_config = run_dir / CONFIG_FILE
     if cfg.run.resume or cfg.run.overwrite or not saved_config.is_file():
         return
     try:
-        saved = yaml.safe_load(saved_config.read_text()) or {}
-    except yaml.YAMLError:
-        saved = {}
+        saved = read_saved(saved_config)
+    except ConfigError:
+        saved = {}  # not a config this run could continue: it differs
     saved = with_defaults(saved_options(saved))  # both settled (tasks/settle.py): the tasks compare as they are
     current = cfg.flat()
     differing = sorted(k for k in current if k not in ("resume", "overwrite") and saved.get(k) != current[k])
@@ -66,7 +64,7 @@ def start_run_folder(run_dir: Path, cfg: TrainConfig, resumed_at_step: int | Non
     else:
         note = trim_metrics(run_dir / "metrics.jsonl", resumed_at_step)
         (run_dir / "summary.json").unlink(missing_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
+    save_config(cfg, run_dir / CONFIG_FILE)
     return note
 
 

@@ -48,8 +48,8 @@ from .runfolder import check_run_folder, check_writable, start_run_folder
 from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator, prepare
 from .shares import step_shares
-from .tasks import META_KEY
-from .tasks.base import best_criterion, check_loss, evaluate, training_loss, user_loss_function
+from .tasks import META_KEY, is_own
+from .tasks.base import best_criterion, check_loss, evaluate, loss_owner, step_loss, training_loss, user_loss_function
 from .tasks.contract import RunContext, Task, exporter
 from .tasks.settle import Settled, load
 from .usermodel import forward_for, model_name
@@ -294,7 +294,7 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
         accelerator.print(f"anytrain: {line}")
     forward = forward_for(model, task.targets_to_model)  # model(inputs), + the targets if it computes its own loss
     criterion = training_loss(task, user_loss)
-    who = "--loss" if user_loss is not None else f"--model {cfg.model.name}"
+    who = loss_owner(task, cfg.model.name, user_loss)  # your own task's loss is blamed on it, not on --model
     with accelerator.autocast():  # in the precision training will use
         check_loss(criterion, model, task, data.shape, forward, who)  # scalar, finite, requires grad: before step 1
     check_writable(run_dir)  # the first write: nothing above may leave anything behind
@@ -429,7 +429,7 @@ class Loop:
             model.train()
             for batch, ctx in self.batches(epoch):
                 with accelerator.accumulate(model):  # all-reduced and applied once per grad_accum_steps batches
-                    loss = task.train_step(ctx, batch)  # by default: the forward pass, then the loss
+                    loss = step_loss(task.train_step(ctx, batch), task)  # default: the forward pass, the loss
                     accelerator.backward(loss)  # scales the loss under fp16 and divides it for accumulation
                     if accelerator.sync_gradients and clip:
                         accelerator.clip_grad_norm_(model.parameters(), clip)  # unscales first under fp16
@@ -531,8 +531,9 @@ class Loop:
 
     def check_finite(self, mean_loss: float | None) -> None:
         if mean_loss is not None and not math.isfinite(mean_loss):
+            own = f" (what --task {self.parts.task.key}'s train_step returned)" if is_own(self.parts.task.key) else ""
             raise NonFiniteLoss(
-                f"the training loss became non-finite ({mean_loss}) at optimizer step "
+                f"the training loss{own} became non-finite ({mean_loss}) at optimizer step "
                 f"{self.window.first_non_finite_step()} "
                 f"(epoch {self.parts.progress.epoch}); stopped without saving. {self.last_good()}"
             )

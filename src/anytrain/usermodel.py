@@ -30,15 +30,21 @@ def import_attr(spec: str, option: str = "--model"):
     if not target or not attr:
         expected = "module:Class or file.py:Class" if option == "--task" else "module:factory / file.py:factory"
         raise ConfigError(f"{option} {spec}: expected {expected}")
-    if target.endswith(".py") and not Path(target).expanduser().is_file():
-        raise ConfigError(f"{option} {spec}: file not found: {target}")
-    try:
-        module = _import_file(Path(target).expanduser()) if target.endswith(".py") else _import_module(target)
-    except Exception as e:  # noqa: BLE001 - any failure inside the user's module is reported as one line
-        raise ConfigError(f"{option} {spec}: cannot import {target} ({first_line(e)})") from None
+    module = import_source(spec, target, option)
     if not hasattr(module, attr):
         raise ConfigError(f"{option} {spec}: {target} has no attribute '{attr}'")
     return getattr(module, attr)
+
+
+def import_source(spec: str, target: str, option: str):
+    """`target` ('package.module' or 'path/to/file.py', of the option's value `spec`) imported; ConfigError naming
+    the option."""
+    if target.endswith(".py") and not Path(target).expanduser().is_file():
+        raise ConfigError(f"{option} {spec}: file not found: {target}")
+    try:
+        return _import_file(Path(target).expanduser()) if target.endswith(".py") else _import_module(target)
+    except Exception as e:  # noqa: BLE001 - any failure inside the user's module is reported as one line
+        raise ConfigError(f"{option} {spec}: cannot import {target} ({first_line(e)})") from None
 
 
 def import_factory(spec: str) -> Callable:

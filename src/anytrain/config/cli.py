@@ -28,7 +28,7 @@ def add_options(parser: argparse.ArgumentParser, options, defaults: bool) -> Non
     groups = {name: parser.add_argument_group(f"{name} options") for name in SECTIONS}
     for o in options:
         more = HELP[o.name]() if o.name in HELP else ""
-        kwargs: dict = {"help": f"{o.help}{more} (default: {o.default})"}
+        kwargs: dict = {"help": f"{o.help}{more} " + ("(required)" if o.required else f"(default: {o.default})")}
         if defaults:
             kwargs["default"] = o.default
         if o.name == "resume":

@@ -27,10 +27,21 @@ POSITIVE, NON_NEGATIVE, UNIT = "(0, inf)", "[0, inf)", "[0, 1)"  # the usual bou
 
 
 def option(
-    default, help: str, *, choices=(), bounds: str = "", resumable=False, model_parallel=False, flag="", aliases=()
+    default,
+    help: str,
+    *,
+    choices=(),
+    bounds: str = "",
+    resumable=False,
+    model_parallel=False,
+    flag="",
+    aliases=(),
+    required=False,
 ):
     """A section field with its facts. bounds is an interval: '(0, inf)', '[0, 1)', '(0, 1]' ...
-    aliases: earlier names of the option, still accepted as flags, YAML keys and keywords."""
+    aliases: earlier names of the option, still accepted as flags, YAML keys and keywords.
+    required: a run of the task must be given it (flag, YAML or keyword); its default is only a placeholder of
+    its type, and a run without it is refused in one line naming the flag and the task (tasks/settle.py)."""
     facts = dict(
         help=help,
         choices=tuple(choices),
@@ -39,6 +50,7 @@ def option(
         model_parallel=model_parallel,
         flag=flag,
         aliases=tuple(aliases),
+        required=required,
     )
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=facts)
@@ -60,6 +72,7 @@ class Option:
     resumable: bool
     model_parallel: bool
     aliases: tuple
+    required: bool = False  # the run must be given it: no usable default
 
     @property
     def flag(self) -> str:

@@ -3,14 +3,26 @@ checkpoint, the weights' metadata, runs saved before sections): read, checked ag
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import typing
 from pathlib import Path
 
 import yaml
 
 from ..files import write_atomically
-from .facts import ConfigError
-from .schema import ALIASES, OPTIONS, SECTIONS, TrainConfig, resolve_task, section_fields
+from .facts import ConfigError, first_line
+from .schema import (
+    ALIASES,
+    OPTIONS,
+    SECTIONS,
+    SET_ASIDE,
+    SHARED_SECTIONS,
+    TASK_SECTIONS,
+    TrainConfig,
+    resolve_task,
+    section_fields,
+)
 
 
 def load_yaml(path: str) -> dict:
@@ -106,8 +118,50 @@ def with_defaults(options: dict) -> dict:
     return {**{name: o.default for name, o in OPTIONS.items()}, **options}
 
 
+CONFIG_FILE = "config.yaml"  # a run folder's config: written at its start, as the run settled it
+
+
 def save_config(cfg: TrainConfig, path: Path) -> None:
     write_atomically(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def read_saved(path: Path) -> dict:
+    """A saved config.yaml's mapping, sectioned as save_config wrote it; ConfigError naming the file."""
+    try:
+        saved = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not a readable config ({first_line(e)})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path}: not a config (a mapping of sections)")
+    return saved
+
+
+def read_config(run_dir: str | Path) -> TrainConfig:
+    """The config a run was trained with (`anytrain.read_config(run_dir)`): its config.yaml, the task settled,
+    options it did not save at their defaults. Reading it never displaces the options of a run being configured in
+    this process (a distiller reading its teacher's run)."""
+    path = Path(run_dir)
+    path = path / CONFIG_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(f"run_dir: no {CONFIG_FILE} in {run_dir} (an anytrain run folder is needed)")
+    saved = read_saved(path)
+    with registration_kept():
+        return TrainConfig(**saved_options(saved))
+
+
+@contextlib.contextmanager
+def registration_kept():
+    """Sections registered in the block stay; a section the block displaced (reading a registry task's run brings
+    back the registry sections an own task had set aside, and sets that task's aside) puts everything back."""
+    state = (SECTIONS, OPTIONS, ALIASES, TASK_SECTIONS, SET_ASIDE, SHARED_SECTIONS)
+    kept = [copy.copy(part) for part in state]
+    try:
+        yield
+    finally:
+        if not kept[0].keys() <= SECTIONS.keys():
+            for now, before in zip(state, kept):
+                now.clear()
+                now.update(before)  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- checks

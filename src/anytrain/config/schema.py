@@ -72,7 +72,14 @@ def add_section(task: str, name: str, cls: type, shared: bool = False, at: int |
 
 
 def restore_shared() -> None:
-    """The registry sections an own task's options set aside, back (a registry task's run is configured next)."""
+    """A registry task's run is configured next: the sections and options are the registry's again (own tasks'
+    sections out, the registry sections their options set aside back in their places)."""
+    own = [name for name in SECTIONS if name not in BASE_SECTIONS and name not in SHARED_SECTIONS]
+    for name in own:
+        del SECTIONS[name]
+    if own:
+        OPTIONS.clear()
+        OPTIONS.update(_options())
     for name in sorted(SET_ASIDE, key=lambda n: SET_ASIDE[n][0]):
         task = next(t for t, section in TASK_SECTIONS.items() if section == name)
         place, cls = SET_ASIDE.pop(name)

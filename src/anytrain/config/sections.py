@@ -19,9 +19,9 @@ HF_PREFIX = "hf:"  # --model hf:NAME_OR_FOLDER: a transformers model (hf.py buil
 class DataConfig:
     task: str = option(
         "auto",
-        "what to learn: a task of the registry (README 'Tasks'), or your own task class as FILE.py:Class or "
-        "module:Class; auto = the first task of the registry that recognises the data (the start-up line says which "
-        "and why)",
+        "what to learn: a task of the registry (README 'Tasks'), or your own task class as FILE.py:Class, FILE.py "
+        "(the one task class it defines) or module:Class; auto = the first task of the registry that recognises the "
+        "data (the start-up line says which and why)",
     )
     dataset: str = option(
         "digits",

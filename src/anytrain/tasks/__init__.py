@@ -18,7 +18,8 @@ per task.
 
 A task subclasses contract.Task (the enforced contract: each class is checked here, once). The registry is
 the only list of tasks: its order is the order in which `--task auto` asks each task whether it recognises the
-data (its `detect`); settle.py picks the line. Your own task is `--task FILE.py:Class` or `module:Class`.
+data (its `detect`); settle.py picks the line. Your own task is `--task FILE.py:Class`, `FILE.py` (its one task
+class) or `module:Class`.
 Adding a task is its module (or folder) plus its line here.
 """
 
@@ -90,19 +91,50 @@ def classes() -> dict[str, type[Task]]:
 
 
 def is_own(value: str) -> bool:
-    """A --task value that names your own class (FILE.py:Class, module:Class) rather than a task of the registry."""
-    return ":" in value and not value.startswith(HF)
+    """A --task value that names your own class (FILE.py:Class, FILE.py, module:Class) rather than a registry task."""
+    return (":" in value or value.endswith(".py")) and not value.startswith(HF)
 
 
-def own_task(spec: str) -> type[Task]:
-    """Your task class, imported and checked against the contract; its options become a config section."""
+def own_spec(value: str) -> str:
+    """An own task's --task value with its class: FILE.py alone names the one Task subclass the file defines
+    (classes it imports do not count); a file that defines none or several is one line naming them."""
+    if ":" in value:
+        return value
+    from ..usermodel import import_source
+    from .contract import Task
+
+    module = import_source(value, value, "--task")
+    defined = [v for v in vars(module).values() if isinstance(v, type) and issubclass(v, Task)]
+    found = list(dict.fromkeys(v.__name__ for v in defined if v.__module__ == module.__name__))
+    if len(found) == 1:
+        return f"{value}:{found[0]}"
+    if not found:
+        raise ConfigError(
+            f"--task {value}: the file defines no task class (class Name(anytrain.Task)); write one, or name a "
+            f"class it imports as {value}:Class"
+        )
+    raise ConfigError(
+        f"--task {value}: the file defines {len(found)} task classes ({', '.join(found)}); name one as "
+        f"{value}:Class (--task {value}:{found[0]})"
+    )
+
+
+def own_task(value: str) -> type[Task]:
+    """Your task class, imported and checked against the contract; its options become a config section. Its name
+    must not be a registry task's: summary.json's `task` would not say which trained."""
     from ..usermodel import import_attr
     from .contract import check
 
+    spec = own_spec(value)
     cls = OWN_CLASSES.get(spec) or import_attr(spec, "--task")
     check(cls, f"--task {spec}")
+    if isinstance(cls.name, str) and cls.name in names():
+        raise ConfigError(
+            f"--task {spec}: {cls.__name__} is named '{cls.name}', a task of the registry's; pick another name "
+            f'(name = "my_{cls.name}"): summary.json and the start-up line name the task by it'
+        )
     if cls.options is not None:
-        add_section(spec, cls.name, cls.options)
+        add_section(value, cls.name, cls.options)
     return cls
 
 

@@ -22,6 +22,7 @@ from ..best import HIGHER, Criterion
 from ..config import ConfigError, first_line
 from ..shape import DataShape
 from ..usermodel import import_factory, logits_of, loss_of
+from . import is_own
 from .contract import Task
 
 
@@ -59,6 +60,25 @@ def user_loss_function(spec: str) -> Callable:
     except ConfigError as err:
         raise ConfigError(str(err).replace("--model", "--loss", 1)) from None
     return fn
+
+
+def loss_owner(task: Task, model: str, user_loss: Callable | None) -> str:
+    """Whom a bad loss on the batch of 2 is blamed on: --loss, your own task's loss (--task FILE.py:Class),
+    else --model (a registry task's loss is given what the model returned)."""
+    if user_loss is not None:
+        return "--loss"
+    if is_own(task.key):
+        return f"--task {task.key}'s loss"
+    return f"--model {model}"
+
+
+def step_loss(loss, task: Task) -> torch.Tensor:
+    """What task.train_step returned, checked to be the batch's scalar float loss (shapes only: no host sync);
+    else one line naming the task's train_step."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.dtype.is_floating_point:
+        return loss
+    got = f"a {loss.dtype} tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else repr(loss)[:80]
+    raise ConfigError(f"--task {task.key}'s train_step returned {got}, not the batch's loss (a scalar float tensor)")
 
 
 def check_loss(loss: Callable, model: nn.Module, task: Task, shape: DataShape, forward: Callable, who: str) -> None:

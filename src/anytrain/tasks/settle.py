@@ -12,7 +12,7 @@ from ..config import OPTIONS, ConfigError, TrainConfig
 from ..data.bundled import LABELLED_TEXT
 from ..data.describe import Source
 from ..data.splits import Splits
-from . import HF, classes, is_own, line_class, make_task, names, own_task
+from . import HF, classes, is_own, line_class, make_task, names, own_spec, own_task
 from .contract import ASKED_BY, CAPABILITIES, Task, offered, refusal
 
 
@@ -31,8 +31,10 @@ def settle(cfg: TrainConfig, given=None) -> Settled:
 
         transformers()  # not installed: one line naming the extra, before any data is read
     if is_own(cfg.data.task):
-        cls = own_task(cfg.data.task)
-        return checked(cfg, cfg.data.task, cls, f"--task {cfg.data.task}", ())
+        spec = own_spec(cfg.data.task)  # FILE.py alone: FILE.py:Class, as config.yaml and the weights name it
+        cls = own_task(spec)
+        cfg = cfg if spec == cfg.data.task else cfg.replace(task=spec)
+        return checked(cfg, spec, cls, f"--task {spec}", ())
     cfg = bundled_columns(cfg)
     source = Source(cfg, given)
     cfg, named = named_label(cfg, source)
@@ -49,6 +51,7 @@ def settle(cfg: TrainConfig, given=None) -> Settled:
 
 
 def checked(cfg: TrainConfig, key: str, cls: type[Task], reason: str, notes: tuple[str, ...]) -> Settled:
+    check_required(cfg, cls)
     check_offered(cfg, cls)
     check_model(cfg, cls)
     cls.check_settled(cfg, reason)
@@ -122,6 +125,13 @@ def named_label(cfg: TrainConfig, source: Source) -> tuple[TrainConfig, tuple[st
         return cfg, ()
     note = f"--label-column {found[0]}: the table has no '{cfg.data.label_column}' column"
     return cfg.replace(label_column=found[0]), (note,)
+
+
+def check_required(cfg: TrainConfig, task: type[Task]) -> None:
+    """The task's own options declared required (option(..., required=True)) were given, and not left empty."""
+    for o in OPTIONS.values():
+        if o.required and o.section == task.name and (o.name not in cfg.given or cfg.get(o.name) in ("", [])):
+            raise ConfigError(f"{o.flag} is required by --task {cfg.data.task}")
 
 
 def check_offered(cfg: TrainConfig, task: type[Task]) -> None:
