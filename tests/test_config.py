@@ -212,6 +212,8 @@ def test_an_own_tasks_option_may_share_a_registry_tasks_name_and_each_run_gets_i
     assert grpo.section("grpo").temperature == 0.7 and "distill" not in SECTIONS
     assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "dpo", "grpo", "multilabel"]
     assert TrainConfig(temperature=0.5).section("grpo").temperature == 0.5  # --task auto: the registry's options
+    # the own task's config made before keeps its options (a distiller reads its teacher's classify run meanwhile)
+    assert own.flat()["temperature"] == 2.0 and own.replace(lr=0.1).section("distill").temperature == 2.0
 
 
 def test_reading_another_runs_config_leaves_the_run_being_configured_as_it_was(tmp_path):

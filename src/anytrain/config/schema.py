@@ -86,6 +86,11 @@ def restore_shared() -> None:
         add_section(task, name, cls, shared=True, at=place)
 
 
+def _values(section) -> dict:
+    """{option name: value} of a section object (its fields' flag names)."""
+    return {dict(f.metadata).get("flag") or f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+
+
 def _flags(cls: type) -> set[str]:
     return {dict(f.metadata).get("flag") or f.name for f in dataclasses.fields(cls)}
 
@@ -114,6 +119,7 @@ class TrainConfig:
     eval: EvalConfig
     run: RunConfig
     given: frozenset[str]
+    sections: tuple[str, ...]
 
     def __init__(self, _given: frozenset[str] | None = None, **values):
         data = values.get("data")
@@ -139,6 +145,7 @@ class TrainConfig:
         for name, cls in SECTIONS.items():
             object.__setattr__(self, name, cls(**sections[name]))
         object.__setattr__(self, "given", frozenset(given if _given is None else _given))
+        object.__setattr__(self, "sections", tuple(SECTIONS))  # its own, whatever registers later in this process
 
     def __setattr__(self, name, value):
         raise AttributeError(f"TrainConfig is frozen: use cfg.replace({name}=...) for a changed config")
@@ -153,8 +160,8 @@ class TrainConfig:
         the registry's task sections, and your own task's section in its own runs only: another own task
         registered in the same process is not part of this config."""
         own = TASK_SECTIONS.get(self.data.task)
-        kept = {*BASE_SECTIONS, *SHARED_SECTIONS, own}
-        return {name: self.get(name) for name, o in OPTIONS.items() if o.section in kept}
+        kept = [name for name in self.sections if name in BASE_SECTIONS or name in SHARED_SECTIONS or name == own]
+        return {name: value for section in kept for name, value in _values(getattr(self, section)).items()}
 
     def section(self, name: str):
         """A section by name: a task's own options, `cfg.section("distill").temperature`."""
