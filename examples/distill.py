@@ -22,7 +22,6 @@ memory while the student trains, and checkpoints hold only the student.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import torch
 import yaml
 from torch.nn import functional as F
 
-from anytrain import HIGHER, LOWER, ConfigError, DataShape, Task, load_model, option
+from anytrain import HIGHER, LOWER, ConfigError, Task, load_model, option
 from anytrain.data.splits import TensorPairs
 from anytrain.data.tables import load_labelled, predict_rows
 from anytrain.usermodel import make_model
@@ -105,7 +104,7 @@ class Distill(Task):
         return make_model(self.cfg.model, self.data.shape, given)
 
     def model_from_metadata(self, meta, given=None):
-        return make_model(self.cfg.model, DataShape.from_json(meta["data_shape"]), given)
+        return make_model(self.cfg.model, meta["data_shape"], given)
 
     # --------------------------------------------------------------------------- loss and metrics
     def loss(self, outputs, targets):
@@ -136,7 +135,7 @@ class Distill(Task):
 
     # --------------------------------------------------------------------------- predict: a classifier's
     def predict_inputs(self, dataset, meta, folder):
-        return predict_rows(dataset, json.loads(meta["input_columns"]), int(meta["num_features"]))
+        return predict_rows(dataset, meta["input_columns"], meta["num_features"])
 
     def predict_batch(self, model, inputs, meta):
         best, ids = model(inputs).float().softmax(-1).max(-1)

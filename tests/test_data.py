@@ -76,7 +76,7 @@ def test_string_labels_map_to_sorted_class_ids(tmp_path):
     assert torch.equal(labels, (rows.long() % 2 == 0).long())  # 'cat' = 0, 'dog' = 1
     assert data.class_names == ["cat", "dog"]  # saved with the weights, so a prediction can say the name
     _, task, data = load(TrainConfig(dataset=str(path), label_column="kind", val_fraction=0.2, test_fraction=0.2))
-    assert task.weights_metadata()["class_names"] == '["cat", "dog"]'
+    assert task.weights_metadata()["class_names"] == ["cat", "dog"]
 
 
 def test_synthetic_is_learnable_and_sized_by_options():

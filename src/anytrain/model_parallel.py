@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
 from .config import OPTIONS, ConfigError, OneLineParser, TrainConfig, add_options, check_config
+from .shape import DataShape
 from .tasks.base import evaluate
 from .tasks.classify import Classification
 
@@ -367,7 +368,6 @@ def train_model_parallel(
 
 def save_run(model: nn.Module, summary: dict, cfg: TrainConfig, output_dir: str) -> None:
     """model.safetensors (loadable with anytrain.load_model, whatever the mode) and summary.json."""
-    import json
 
     from .outputs import WEIGHTS, save_weights, write_json
     from .tasks import META_KEY, classes
@@ -382,10 +382,10 @@ def save_run(model: nn.Module, summary: dict, cfg: TrainConfig, output_dir: str)
         run_dir / WEIGHTS,
         cfg,
         {
-            "data_shape": summary["data_shape"],
-            "num_features": str(summary["num_features"]),
-            "num_classes": str(summary["num_classes"]),
-            **({"input_columns": json.dumps(summary["input_columns"])} if summary["input_columns"] else {}),
+            "data_shape": DataShape.from_json(summary["data_shape"]),
+            "num_features": summary["num_features"],
+            "num_classes": summary["num_classes"],
+            **({"input_columns": summary["input_columns"]} if summary["input_columns"] else {}),
             META_KEY: task_key,
         },
     )
