@@ -368,7 +368,6 @@ def train_model_parallel(
 
 def save_run(model: nn.Module, summary: dict, cfg: TrainConfig, output_dir: str) -> None:
     """model.safetensors (loadable with anytrain.load_model, whatever the mode) and summary.json."""
-
     from .outputs import WEIGHTS, save_weights, write_json
     from .tasks import META_KEY, classes
 
