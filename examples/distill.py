@@ -22,7 +22,6 @@ memory while the student trains, and checkpoints hold only the student.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +32,6 @@ from anytrain import (
     HIGHER,
     LOWER,
     ConfigError,
-    DataShape,
     Task,
     TensorPairs,
     load_labelled,
@@ -115,7 +113,7 @@ class Distill(Task):
         return make_model(self.cfg.model, self.data.shape, given)
 
     def model_from_metadata(self, meta, given=None):
-        return make_model(self.cfg.model, DataShape.from_json(meta["data_shape"]), given)
+        return make_model(self.cfg.model, meta["data_shape"], given)
 
     # --------------------------------------------------------------------------- loss and metrics
     def loss(self, outputs, targets):
@@ -146,7 +144,7 @@ class Distill(Task):
 
     # --------------------------------------------------------------------------- predict: a classifier's
     def predict_inputs(self, dataset, meta, folder):
-        return predict_rows(dataset, json.loads(meta["input_columns"]), int(meta["num_features"]))
+        return predict_rows(dataset, meta["input_columns"], meta["num_features"])
 
     def predict_batch(self, model, inputs, meta):
         best, ids = model(inputs).float().softmax(-1).max(-1)

@@ -76,7 +76,7 @@ def test_string_labels_map_to_sorted_class_ids(tmp_path):
     assert torch.equal(labels, (rows.long() % 2 == 0).long())  # 'cat' = 0, 'dog' = 1
     assert data.class_names == ["cat", "dog"]  # saved with the weights, so a prediction can say the name
     _, task, data = load(TrainConfig(dataset=str(path), label_column="kind", val_fraction=0.2, test_fraction=0.2))
-    assert task.weights_metadata()["class_names"] == '["cat", "dog"]'
+    assert task.weights_metadata()["class_names"] == ["cat", "dog"]
 
 
 def test_synthetic_is_learnable_and_sized_by_options():
@@ -214,3 +214,26 @@ def test_class_labels_do_not_get_the_quantity_warning(tmp_path):
     named = tmp_path / "named.csv"  # string labels are names, whatever their number
     named.write_text("x,label\n" + "".join(f"{i},class{i % 100}\n" for i in range(300)))
     assert load_data(TrainConfig(dataset=str(named))).notes == []
+
+
+@pytest.mark.parametrize("kind", ["table", "text"])
+def test_a_run_opens_its_dataset_once(tmp_path, monkeypatch, kind):
+    """--task auto looks at the training split (tasks/settle.py) and the task then loads it: one opening."""
+    import datasets
+
+    from anytrain.trainer import train
+
+    opened = []
+    real = datasets.load_dataset
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: opened.append(a) or real(*a, **k))
+    path = tmp_path / f"{kind}.csv"
+    if kind == "table":
+        path.write_text("x,y,label\n" + "".join(f"{i},{i % 7},{i % 2}\n" for i in range(60)))
+        options = {}
+    else:
+        path.write_text("text,label\n" + "".join(f"word{i} and more {'ab'[i % 2]},{'ab'[i % 2]}\n" for i in range(60)))
+        options = {"text_column": "text", "label_column": "label"}
+    summary = train(
+        TrainConfig(dataset=str(path), epochs=1, progress=False, output_dir=str(tmp_path / "run"), **options)
+    )
+    assert summary["task"] == "classify" and len(opened) == 1, opened

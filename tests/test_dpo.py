@@ -292,7 +292,7 @@ def test_dpo_learns_the_bundled_preferences_from_log_2(learnt):
     from anytrain.reload import read_weights_metadata, weights_file
 
     meta = read_weights_metadata(weights_file(str(run_dir)))[2]
-    assert len(json.loads(meta["stop_ids"])) == 2  # the end-of-text token and ChatML's <|im_end|>
+    assert len(meta["stop_ids"]) == 2  # the end-of-text token and ChatML's <|im_end|>
     assert (run_dir / "reference_logps.safetensors").is_file() and (run_dir / "hf" / "model.safetensors").is_file()
 
 

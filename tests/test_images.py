@@ -5,7 +5,6 @@ file that cannot be decoded named in one line."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
@@ -141,7 +140,7 @@ def test_augmentation_is_a_function_of_seed_epoch_and_index(gray):
     plain, _ = data.validation.__getitems__([0, 1])
     look = data.validation.look  # normalised with the training split's statistics, saved with the weights
     assert plain.shape == (2, 1, 16, 16) and abs(plain.mean().item()) < 1.0
-    assert data.facts["image_mean"] == look.mean.tolist() and json.loads(data.metadata["image_look"])["size"] == 16
+    assert data.facts["image_mean"] == look.mean.tolist() and data.metadata["image_look"]["size"] == 16
 
 
 def test_an_image_that_cannot_be_decoded_is_named_in_one_line(tmp_path, capsys):

@@ -56,7 +56,7 @@ TASK = textwrap.dedent(
             return make_model(self.cfg.model, self.data.shape, given)
 
         def model_from_metadata(self, meta, given=None):
-            return make_model(self.cfg.model, DataShape.from_json(meta["data_shape"]), given)
+            return make_model(self.cfg.model, meta["data_shape"], given)
 
         def loss(self, outputs, targets):
             return F.cross_entropy(outputs, targets, label_smoothing=self.cfg.section("smoothed").smoothing)
@@ -96,7 +96,7 @@ TASK = textwrap.dedent(
             return torch.zeros(batch, dtype=torch.long)
 
         def predict_inputs(self, dataset, meta, folder):
-            return predict_rows(dataset, json.loads(meta["input_columns"]), int(meta["num_features"]))
+            return predict_rows(dataset, meta["input_columns"], meta["num_features"])
 
         def predict_batch(self, model, inputs, meta):
             probabilities = model(inputs).softmax(-1)

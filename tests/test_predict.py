@@ -60,6 +60,62 @@ def test_predictions_name_the_class_and_match_the_labels(named_run, capsys):
     assert "200 predictions written to" in capsys.readouterr().err
 
 
+def test_the_metadata_is_strings_on_disk_and_python_values_in_memory(named_run):
+    from safetensors import safe_open
+
+    from anytrain.reload import read_weights_metadata
+    from anytrain.shape import DataShape
+
+    folder, _ = named_run
+    with safe_open(str(folder / "run" / "model.safetensors"), framework="pt") as f:
+        raw = f.metadata()
+    meta = read_weights_metadata(folder / "run")[2]
+    # on disk: the strings runs have always written (JSON text, numbers as text)
+    assert raw["input_columns"] == '["x", "y", "z"]' and raw["class_names"] == '["big", "small"]'
+    assert (
+        raw["num_features"] == "3" and raw["num_classes"] == "2" and raw["data_shape"] == meta["data_shape"].to_json()
+    )
+    assert all(isinstance(v, str) for v in raw.values())
+    # in memory: Python values, decoded once by read_weights_metadata
+    assert meta["input_columns"] == ["x", "y", "z"] and meta["class_names"] == ["big", "small"]
+    assert meta["num_features"] == 3 and meta["num_classes"] == 2 and isinstance(meta["data_shape"], DataShape)
+    assert meta["anytrain_config"]["data"]["label_column"] == "size"  # the config's sections
+
+
+def test_saved_metadata_reads_back_as_values_and_writes_back_unchanged():
+    """What runs saved before the metadata was typed hold reads into Python values, and writing those
+    values gives the very same strings: the format on disk did not change."""
+    from anytrain.data.splits import TargetStats
+    from anytrain.shape import DataShape
+    from anytrain.weights_meta import decode, encode
+
+    raw = {
+        "anytrain_config": json.dumps({"epochs": 3, "hidden_sizes": [32]}),
+        "data_shape": DataShape("tabular", num_classes=2, num_features=3).to_json(),
+        "num_classes": "2",
+        "num_features": "3",
+        "class_names": json.dumps(["big", "small"]),
+        "input_columns": json.dumps(["x", "y", "z"]),
+        "targets": TargetStats([1.5], [0.25], ["price"]).to_json(),
+        "threshold": str(0.4),
+        "beta": str(0.1),
+        "max_length": str(128),
+        "stop_ids": str([0, 7]),  # grpo wrote str(list)
+        "vocab": json.dumps({"kind": "char", "chars": "ab\n"}),
+        "image_look": json.dumps({"mode": "L", "size": 16, "mean": [0.5], "std": [0.25]}),
+        "lora": json.dumps({"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "targets": "all-linear"}),
+        "hf_config": '{\n  "model_type": "gpt2"\n}\n',  # transformers' own JSON, kept as text
+        "chat_template": "yes",
+        "dpo_loss": "sigmoid",
+        "task_module": "classify",
+    }
+    meta = decode(raw)
+    assert encode(meta) == raw
+    assert meta["num_features"] == 3 and meta["threshold"] == 0.4 and meta["stop_ids"] == [0, 7]
+    assert isinstance(meta["data_shape"], DataShape) and meta["targets"].names == ["price"]
+    assert meta["vocab"]["chars"] == "ab\n" and meta["hf_config"] == raw["hf_config"]
+
+
 def test_predicting_the_bundled_digits_with_a_digits_run(tmp_path, capsys):
     train(TrainConfig(epochs=10, hidden_sizes=[64], progress=False, output_dir=str(tmp_path / "run")))
     capsys.readouterr()

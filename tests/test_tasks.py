@@ -104,8 +104,8 @@ def test_metrics_are_in_original_units_and_predict_prints_values(regression):
     assert math.sqrt(errors.square().mean().item()) == pytest.approx(summary["test_rmse"], rel=1e-4)
     r2 = 1 - errors.square().sum() / (truth[:, 0] - truth[:, 0].mean()).square().sum()
     assert r2.item() == pytest.approx(summary["test_r2"], rel=1e-4)
-    meta = json.loads(read_weights_metadata(root / "run")[2]["targets"])
-    assert meta["names"] == ["price"] and meta["std"][0] == pytest.approx(truth[:, 0].std().item(), rel=0.1)
+    stats = read_weights_metadata(root / "run")[2]["targets"]  # a TargetStats (weights_meta.decode)
+    assert stats.names == ["price"] and stats.std[0] == pytest.approx(truth[:, 0].std().item(), rel=0.1)
 
 
 def test_several_target_columns_and_the_huber_loss(tmp_path):
@@ -167,7 +167,7 @@ def test_multilabel_learns_tags_and_predicts_the_labels_above_the_threshold(tmp_
     assert all(set(r["labels"]) <= {"big", "odd", "red"} and all(p > 0.4 for p in r["probabilities"]) for r in rows)
     agree = sum(sorted(r["labels"]) == sorted(r["label"]) for r in rows) / len(rows)
     assert agree > 0.7
-    assert read_weights_metadata(tmp_path / "run")[2]["threshold"] == "0.4"
+    assert read_weights_metadata(tmp_path / "run")[2]["threshold"] == 0.4
 
 
 # --------------------------------------------------------------------------- the model's own loss, your own loss

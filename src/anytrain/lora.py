@@ -7,7 +7,6 @@ changes only (trainer.py's save hook: the adapters; the optimizer holds their st
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any, cast
@@ -79,12 +78,12 @@ def wrap(model: nn.Module, found: dict, auto_class: str, say=None) -> nn.Module:
 
 
 def metadata(cfg: TrainConfig) -> dict:
-    return {"lora": json.dumps(settings(cfg))} if cfg.model.lora_r else {}
+    return {"lora": settings(cfg)} if cfg.model.lora_r else {}
 
 
 def rebuild(model: nn.Module, meta: dict, auto_class: str) -> nn.Module:
     """A model rebuilt from a run's metadata, wrapped again when the run trained LoRA adapters."""
-    return wrap(model, json.loads(meta["lora"]), auto_class) if "lora" in meta else model
+    return wrap(model, meta["lora"], auto_class) if "lora" in meta else model
 
 
 def export(model: nn.Module, run_dir: Path) -> nn.Module:

@@ -49,14 +49,17 @@ class MetricsLog:
 
 def save_weights(state_dict: dict, path: Path, cfg: TrainConfig, data_metadata: dict) -> None:
     """safetensors file whose metadata says how to rebuild the model (reload.load_model): the config,
-    and the task's data facts (features and classes, or the vocabulary)."""
+    and the task's data facts (features and classes, or the vocabulary), Python values that
+    weights_meta.encode turns into the strings safetensors keeps."""
+    from .weights_meta import encode
+
     tensors, seen = {}, set()
     for k, v in state_dict.items():  # a tensor shared by two names (tied embeddings) is stored under each
         v = v.detach().cpu().contiguous()
         tensors[k] = v.clone() if v.data_ptr() in seen else v
         seen.add(v.data_ptr())
     with atomic_path(path) as tmp:  # whole or absent: a kill mid-write leaves the previous file or none
-        save_file(tensors, str(tmp), metadata={"anytrain_config": json.dumps(cfg.to_dict()), **data_metadata})
+        save_file(tensors, str(tmp), metadata=encode({"anytrain_config": cfg.to_dict(), **data_metadata}))
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:

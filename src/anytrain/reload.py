@@ -3,15 +3,15 @@ and the model rebuilt by the run's task (`anytrain.load_model`), for predict, sa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, safe_open
 
-from .config import ConfigError, TrainConfig, saved_options
+from .config import ConfigError, TrainConfig, registration_kept, saved_options
 from .outputs import WEIGHTS
 from .tasks import task_of_run
+from .weights_meta import decode
 
 
 def weights_file(run_dir: str | Path) -> Path:
@@ -24,13 +24,16 @@ def weights_file(run_dir: str | Path) -> Path:
 
 
 def read_weights_metadata(path: str | Path) -> tuple[Path, TrainConfig, dict]:
-    """(weights file, the config it was trained with, its metadata) of a run folder or model.safetensors."""
+    """(weights file, the config it was trained with, its metadata) of a run folder or model.safetensors: the
+    metadata's Python values (weights_meta.decode), as the task wrote them."""
     path = Path(path)
     if path.is_dir():
         path = path / WEIGHTS
     with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata()
-    return path, TrainConfig(**saved_options(json.loads(meta["anytrain_config"]))), meta
+        meta = decode(f.metadata())
+    with registration_kept():  # a run being configured in this process keeps its options (a distiller's teacher)
+        cfg = TrainConfig(**saved_options(meta["anytrain_config"]))
+    return path, cfg, meta
 
 
 def load_model(path: str | Path, model: torch.nn.Module | None = None) -> torch.nn.Module:

@@ -138,10 +138,12 @@ class Throughput:
         self.ended = time.perf_counter()
 
     def train_seconds(self) -> float:
+        assert self.ended is not None, "finish() first"
         return self.ended - self.start - self.paused_s
 
     def loop_seconds(self) -> float:
         """The whole loop, validations and checkpoints included."""
+        assert self.ended is not None, "finish() first"
         return self.ended - self.begun
 
     @contextlib.contextmanager

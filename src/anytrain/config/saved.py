@@ -4,7 +4,6 @@ checkpoint, the weights' metadata, runs saved before sections): read, checked ag
 from __future__ import annotations
 
 import contextlib
-import copy
 import typing
 from pathlib import Path
 
@@ -153,15 +152,17 @@ def read_config(run_dir: str | Path) -> TrainConfig:
 def registration_kept():
     """Sections registered in the block stay; a section the block displaced (reading a registry task's run brings
     back the registry sections an own task had set aside, and sets that task's aside) puts everything back."""
-    state = (SECTIONS, OPTIONS, ALIASES, TASK_SECTIONS, SET_ASIDE, SHARED_SECTIONS)
-    kept = [copy.copy(part) for part in state]
+    tables: list[dict] = [SECTIONS, OPTIONS, ALIASES, TASK_SECTIONS, SET_ASIDE]
+    kept, shared = [dict(table) for table in tables], set(SHARED_SECTIONS)
     try:
         yield
     finally:
         if not kept[0].keys() <= SECTIONS.keys():
-            for now, before in zip(state, kept):
-                now.clear()
-                now.update(before)  # type: ignore[attr-defined]
+            for table, before in zip(tables, kept):
+                table.clear()
+                table.update(before)
+            SHARED_SECTIONS.clear()
+            SHARED_SECTIONS.update(shared)
 
 
 # --------------------------------------------------------------------------- checks

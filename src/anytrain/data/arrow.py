@@ -88,5 +88,5 @@ def load_arrow_splits(cfg: TrainConfig, splits: dict, source: str, inputs: list[
         class_names=class_names,
         input_columns=inputs,
         facts=facts,
-        metadata={"num_features": str(len(mean))},
+        metadata={"num_features": len(mean)},
     )

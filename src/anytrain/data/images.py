@@ -24,7 +24,6 @@ skipped, and counted in a start-up line and in the summary's `skipped_files`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -222,11 +221,8 @@ def image_facts(look: ImageLook) -> dict:
 
 
 def look_metadata(look: ImageLook) -> dict:
-    return {
-        "image_look": json.dumps(
-            {"mode": look.mode, "size": look.size, "mean": look.mean.tolist(), "std": look.std.tolist()}
-        )
-    }
+    """What predict needs to prepare new images as the run's were (saved with the weights)."""
+    return {"image_look": {"mode": look.mode, "size": look.size, "mean": look.mean.tolist(), "std": look.std.tolist()}}
 
 
 def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) -> Splits:
@@ -260,7 +256,7 @@ def load_image_splits(cfg: TrainConfig, splits: dict, source: str, column: str) 
     )
 
 
-def predict_images(dataset: str, columns: list[str], look_json: str) -> tuple[torch.Tensor, object, str]:
+def predict_images(dataset: str, columns: list[str], saved: dict) -> tuple[torch.Tensor, object, str]:
     """`anytrain predict`'s images of the run's image column, prepared as in training without augmentation:
     converted, resized and normalised."""
     from .sources import rows_to_predict
@@ -270,8 +266,7 @@ def predict_images(dataset: str, columns: list[str], look_json: str) -> tuple[to
         raise ConfigError(
             f"--dataset: {source} lacks the run's image column {columns[0]} (it has {', '.join(ds.column_names)})"
         )
-    look = json.loads(look_json)
-    look = ImageLook(look["mode"], look["size"], torch.tensor(look["mean"]), torch.tensor(look["std"]))
+    look = ImageLook(saved["mode"], saved["size"], torch.tensor(saved["mean"]), torch.tensor(saved["std"]))
     rows = ImageRows(ds, columns[0], torch.zeros(len(ds), dtype=torch.long), "predict", look)
     batches = [rows.__getitems__(list(range(i, min(i + 256, len(ds)))))[0] for i in range(0, len(ds), 256)]
     return torch.cat(batches), ds, source

@@ -1,6 +1,7 @@
 """Where data comes from: a name or path opened with `datasets` (or a datasets object passed in), its
 splits named train/validation/test, missing ones carved from train, and what a path looks like before
-it is read (text, images, the bundled sets). Every loader in data/ and `anytrain predict` open data here.
+it is read (text, images, the bundled sets). Every loader in data/ and `anytrain predict` open data here;
+within a run's `shared_openings` (tasks/settle.load) each dataset is opened once, whoever asks first.
 """
 
 from __future__ import annotations
@@ -8,6 +9,9 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,8 +122,35 @@ class ImageFolder:
 
 # --------------------------------------------------------------------------- opening
 
+# {(name, streaming): (dataset, its name)} of the datasets opened so far in a run's shared_openings; None outside
+OPENINGS: ContextVar[dict | None] = ContextVar("anytrain_openings", default=None)
+
+
+@contextmanager
+def shared_openings() -> Iterator[dict]:
+    """Within it, open_dataset opens each (name, streaming) once and gives the same dataset to whoever asks
+    again: a run's dataset is opened once, when --task auto looks at it (data/describe.Source) and when the
+    task loads its data (tasks/settle.load)."""
+    openings: dict = {}
+    token = OPENINGS.set(openings)
+    try:
+        yield openings
+    finally:
+        OPENINGS.reset(token)
+
 
 def open_dataset(name: str, streaming: bool = False, folder=None):
+    """(Dataset or DatasetDict, its name for messages) for a name or path (read_dataset), the one already
+    opened within shared_openings."""
+    openings = OPENINGS.get()
+    if openings is None:
+        return read_dataset(name, streaming, folder)
+    if (name, streaming) not in openings:
+        openings[name, streaming] = read_dataset(name, streaming, folder)
+    return openings[name, streaming]
+
+
+def read_dataset(name: str, streaming: bool = False, folder=None):
     """(Dataset or DatasetDict, its name for messages) for a name or path; with streaming, IterableDataset(Dict)
     where datasets can stream it. A folder of images (ImageFolder, `folder` when already scanned) is
     read with datasets' imagefolder. ConfigError naming --dataset when it cannot be read."""

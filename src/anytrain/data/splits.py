@@ -8,7 +8,7 @@ index operation instead of a Python row at a time), or a stream (stream.py) that
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -107,7 +107,8 @@ class Splits:
     shape      what a model is told about the data (shape.py), the same for every task
     source     the dataset, as the start-up line and summary.json name it
     facts      the data's facts for summary.json (sizes, tokenizer, image look, data path)
-    metadata   strings saved with the weights: what reloading and `anytrain predict` need
+    metadata   saved with the weights: what reloading and `anytrain predict` need (Python values, written as
+               strings by weights_meta.py)
     files      {name: text} written in the run folder at start (a BPE's tokenizer.json)
     notes      lines the trainer prints at start (skipped files, a label that looks like a quantity)
     tokenizer  text: the tokenizer its ids come from (tokenizer.Vocab or BPE, or a transformers tokenizer)
@@ -123,7 +124,7 @@ class Splits:
     class_names: list[str] | None = None  # string labels (sorted: id i is the i-th) or a ClassLabel's names
     input_columns: list[str] | None = None  # the columns a row's inputs come from, as predict reads them
     facts: dict = field(default_factory=dict)
-    metadata: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     tokenizer: object = None

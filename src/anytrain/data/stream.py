@@ -102,7 +102,7 @@ def load_stream_splits(cfg: TrainConfig, splits: dict, source: str) -> Splits:
     batches = {name: StreamBatches(ds, cfg.optim.batch_size, convert, name) for name, ds in streams.items()}
     facts = {"num_classes": num_classes, "data_path": "stream (rank 0 reads, accelerate dispatches)"}
     facts.update(image_facts(look) if look is not None else {"num_features": shape.num_features})
-    metadata = look_metadata(look) if look is not None else {"num_features": str(shape.num_features)}
+    metadata = look_metadata(look) if look is not None else {"num_features": shape.num_features}
     return Splits.of(
         batches,
         shape,

@@ -139,7 +139,7 @@ def in_memory(parts: dict, num_classes: int, source: str, class_names=None, inpu
         class_names=class_names,
         input_columns=input_columns,
         facts=facts,
-        metadata={"num_features": str(shape.num_features)},
+        metadata={"num_features": shape.num_features},
     )
 
 

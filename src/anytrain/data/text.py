@@ -119,7 +119,7 @@ def load_text_splits(cfg: TrainConfig, given=None) -> Splits:
         DataShape("text", vocab_size=vocab.size, block_size=cfg.data.block_size),
         source,
         facts=text_facts(vocab, train, validation),
-        metadata={"vocab": vocab.to_json()},
+        metadata={"vocab": vocab.to_dict()},
         files=vocab.files(),
         tokenizer=vocab,
         tokens_per_sample=float(cfg.data.block_size),

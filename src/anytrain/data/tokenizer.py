@@ -67,13 +67,20 @@ class Vocab:
             return bytes(ids).decode("utf-8", errors="replace")
         return "".join(self.chars[i] for i in ids)
 
+    def to_dict(self) -> dict:
+        """What the weights' metadata keeps (its "vocab")."""
+        return {"kind": self.kind, "chars": self.chars}
+
     def to_json(self) -> str:
-        return json.dumps({"kind": self.kind, "chars": self.chars})
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Vocab:
+        return cls(data["kind"], data.get("chars", ""))
 
     @classmethod
     def from_json(cls, text: str) -> Vocab:
-        data = json.loads(text)
-        return cls(data["kind"], data.get("chars", ""))
+        return cls.from_dict(json.loads(text))
 
 
 class BPE:
@@ -98,8 +105,12 @@ class BPE:
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids])
 
+    def to_dict(self) -> dict:
+        """What the weights' metadata keeps (its "vocab"): the file beside them and its sha256."""
+        return {"kind": "bpe", "file": TOKENIZER_FILE, "sha256": self.sha256}
+
     def to_json(self) -> str:
-        return json.dumps({"kind": "bpe", "file": TOKENIZER_FILE, "sha256": self.sha256})
+        return json.dumps(self.to_dict())
 
     def files(self) -> dict:
         """The files this tokenizer needs in the run folder."""
@@ -150,12 +161,11 @@ def bpe_for_run(cfg: TrainConfig, texts, source: str, exact: bool = True) -> BPE
     return train_bpe(texts(), cfg.data.vocab_size, source, exact)
 
 
-def read_tokenizer(vocab_json: str, folder: Path):
-    """The tokenizer saved with a run's weights: a text.Vocab from the metadata, or the BPE in
-    `folder`/tokenizer.json (checked against the sha256 the metadata holds)."""
-    data = json.loads(vocab_json)
+def read_tokenizer(data: dict, folder: Path):
+    """The tokenizer saved with a run's weights (`data`, the metadata's "vocab"): a text.Vocab from the metadata,
+    or the BPE in `folder`/tokenizer.json (checked against the sha256 the metadata holds)."""
     if data["kind"] != "bpe":
-        return Vocab.from_json(vocab_json)
+        return Vocab.from_dict(data)
     path = Path(folder) / data["file"]
     if not path.is_file():
         raise ConfigError(f"run_dir: {path} is missing: the run's BPE tokenizer is needed beside its weights")

@@ -10,7 +10,6 @@ with the weights, and predict's reading of new rows (numbers, images or texts, a
 from __future__ import annotations
 
 import abc
-import json
 from pathlib import Path
 from typing import ClassVar
 
@@ -45,7 +44,7 @@ class Labelled(Task):
         return make_model(self.cfg.model, shape, given, self.example_targets(shape, 2))
 
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
-        shape = DataShape.from_json(meta["data_shape"]) if "data_shape" in meta else self.legacy_shape(meta)
+        shape = meta["data_shape"] if "data_shape" in meta else self.legacy_shape(meta)
         return make_model(self.cfg.model, shape, given, self.example_targets(shape, 2))
 
     @classmethod
@@ -64,7 +63,7 @@ class Labelled(Task):
 
     def legacy_shape(self, meta: dict) -> DataShape:
         """The shape of a run saved before data_shape was stored with the weights."""
-        return DataShape("tabular", num_classes=int(meta["num_classes"]), num_features=int(meta["num_features"]))
+        return DataShape("tabular", num_classes=meta["num_classes"], num_features=meta["num_features"])
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
         """(inputs, the file's rows, its name): numbers, images or texts, prepared as the run's were."""
@@ -75,18 +74,18 @@ class Labelled(Task):
                 f"run_dir: no input columns were saved with {folder} (trained on generated data, or by an older "
                 "anytrain)"
             )
-        columns = json.loads(meta["input_columns"])
+        columns = meta["input_columns"]
         if "image_look" in meta:
             from ..data.images import predict_images
 
             return predict_images(dataset, columns, meta["image_look"])
-        shape = DataShape.from_json(meta["data_shape"]) if "data_shape" in meta else None
+        shape = meta.get("data_shape")
         if shape is not None and shape.kind == "tokens":
             from ..data.textcls import predict_texts
             from ..data.tokenizer import read_tokenizer
 
             return predict_texts(dataset, columns, read_tokenizer(meta["vocab"], folder), shape.max_length)
-        return predict_rows(dataset, columns, int(meta["num_features"]) if "num_features" in meta else None)
+        return predict_rows(dataset, columns, meta.get("num_features"))
 
     def predict_batch(self, model: nn.Module, inputs, meta: dict) -> list[dict]:
         return self.predictions(predicted_logits(model, inputs), meta)
@@ -149,7 +148,7 @@ class Classification(Labelled):
         return torch.zeros(batch, dtype=torch.long)
 
     def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]:
-        names = json.loads(meta["class_names"]) if "class_names" in meta else None
+        names = meta.get("class_names")
         best, ids = outputs.float().softmax(-1).max(-1)
         return [
             {"class_id": k, "class_name": names[k] if names else None, "probability": p}

@@ -215,16 +215,15 @@ class Task(abc.ABC):
         parameters = sum(p.numel() for p in model.parameters())
         return {**self.data.facts, "parameters": parameters, "trainable_parameters": trainable}
 
-    def weights_metadata(self) -> dict[str, str]:
-        """What reloading and predict need, saved with the weights: the data's shape, classes, input columns."""
-        import json
-
+    def weights_metadata(self) -> dict[str, Any]:
+        """What reloading and predict need, saved with the weights (Python values: weights_meta.py writes
+        them as strings): the data's shape, classes, input columns."""
         data = self.data
-        meta = {"data_shape": data.shape.to_json(), "num_classes": str(data.num_classes)}
+        meta: dict[str, Any] = {"data_shape": data.shape, "num_classes": data.num_classes}
         if data.class_names:
-            meta["class_names"] = json.dumps(data.class_names)
+            meta["class_names"] = data.class_names
         if data.input_columns:
-            meta["input_columns"] = json.dumps(data.input_columns)
+            meta["input_columns"] = data.input_columns
         return {**meta, **data.metadata}
 
     # --------------------------------------------------------------------------- settling, before any data

@@ -56,9 +56,9 @@ class LanguageModel(Task):
         from ..data.tokenizer import Vocab
 
         if "data_shape" in meta:
-            shape = DataShape.from_json(meta["data_shape"])
+            shape = meta["data_shape"]
         else:  # runs saved before data_shape was stored with the weights
-            size = Vocab.from_json(meta["vocab"]).size
+            size = Vocab.from_dict(meta["vocab"]).size
             shape = DataShape("text", vocab_size=size, block_size=self.cfg.data.block_size)
         return make_model(self.cfg.model, shape, given)
 

@@ -5,13 +5,14 @@ RMSE, MAE and R² in the original units; predict prints values by column name.""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch.nn import functional as F
 
 from ..best import HIGHER, LOWER
 from ..config import TrainConfig
-from ..data.splits import Splits, TargetStats
+from ..data.splits import Splits
 from ..data.targets import VALUES
 from ..shape import DataShape
 from ..usermodel import logits_of
@@ -35,10 +36,10 @@ class Regression(Labelled):
         self.target_std = torch.tensor(data.target_stats.std)
         return data
 
-    def weights_metadata(self) -> dict[str, str]:
+    def weights_metadata(self) -> dict[str, Any]:
         """+ the targets' statistics, which turn predictions back into the labels' units."""
         assert self.data.target_stats is not None
-        return {**super().weights_metadata(), "targets": self.data.target_stats.to_json()}
+        return {**super().weights_metadata(), "targets": self.data.target_stats}
 
     def huber(self) -> bool:
         return self.cfg.optim.loss == "huber"
@@ -71,6 +72,6 @@ class Regression(Labelled):
         return torch.zeros(batch, shape.num_classes)
 
     def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]:
-        stats = TargetStats.from_json(meta["targets"])
+        stats = meta["targets"]
         values = outputs.float() * torch.tensor(stats.std) + torch.tensor(stats.mean)
         return [dict(zip(stats.names, row)) for row in values.tolist()]

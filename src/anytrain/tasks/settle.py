@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..config import OPTIONS, ConfigError, TrainConfig
 from ..data.bundled import LABELLED_TEXT
 from ..data.describe import Source
+from ..data.sources import shared_openings
 from ..data.splits import Splits
 from . import HF, classes, is_own, line_class, make_task, names, own_spec, own_task
 from .contract import ASKED_BY, CAPABILITIES, Task, offered, refusal
@@ -179,10 +180,12 @@ def check_model(cfg: TrainConfig, task: type[Task]) -> None:
 
 def load(cfg: TrainConfig, given=None) -> tuple[Settled, Task, Splits]:
     """The task settled, then its data loaded: (settled, task, data). The trainer calls this with the
-    main process first (it prepares and caches the dataset), model_parallel and your code directly."""
-    settled = settle(cfg, given)
-    task = make_task(settled.cfg, settled.key)
-    return settled, task, task.load_data(given)
+    main process first (it prepares and caches the dataset), model_parallel and your code directly. The
+    dataset is opened once: the task's data loading gets the one the settling looked at (shared_openings)."""
+    with shared_openings():
+        settled = settle(cfg, given)
+        task = make_task(settled.cfg, settled.key)
+        return settled, task, task.load_data(given)
 
 
 __all__ = ["CAPABILITIES", "Settled", "load", "settle"]

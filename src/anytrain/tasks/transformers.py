@@ -7,8 +7,8 @@ over tokens."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ from ..best import HIGHER, LOWER
 from ..config import TrainConfig
 from ..data.splits import Splits
 from ..hf import Head
-from ..shape import IGNORE, DataShape
+from ..shape import IGNORE
 from ..usermodel import logits_of
 from .contract import Task
 
@@ -134,10 +134,10 @@ class Transformers(Task):
 
         data = self.data
         config = self.model_config.to_json_string(use_diff=False)  # load_model rebuilds the model from it
-        meta = {"data_shape": data.shape.to_json(), "hf_config": config, "hf": FOLDER}
+        meta: dict[str, Any] = {"data_shape": data.shape, "hf_config": config, "hf": FOLDER}
         if data.num_classes:
-            meta["class_names"] = json.dumps(data.class_names or [str(k) for k in range(data.num_classes)])
-        return {**meta, **lora.metadata(self.cfg), "input_columns": json.dumps(data.input_columns)}
+            meta["class_names"] = data.class_names or [str(k) for k in range(data.num_classes)]
+        return {**meta, **lora.metadata(self.cfg), "input_columns": data.input_columns}
 
     def export(self, model: nn.Module, run_dir: Path) -> None:
         from .. import hf
@@ -152,9 +152,7 @@ class Transformers(Task):
         from ..data.hftext import predict_hf_texts
         from ..hf import tokenizer_of_run
 
-        columns = json.loads(meta["input_columns"])
-        shape = DataShape.from_json(meta["data_shape"])
-        return predict_hf_texts(dataset, columns, tokenizer_of_run(folder), shape.max_length)
+        return predict_hf_texts(dataset, meta["input_columns"], tokenizer_of_run(folder), meta["data_shape"].max_length)
 
 
 def token_sums(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -12,7 +12,6 @@ are those of the best validation reward accuracy. The model exports to run_dir/h
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import numpy as np
@@ -82,7 +81,7 @@ class DirectPreference(SupervisedFineTuning):
     def load_data(self, given=None) -> Splits:
         rows, form = load_pairs(self, given)
         self.stops = sorted({self.tokenizer.eos_token_id, *stop_tokens(self.tokenizer, rows["train"])} - {None})
-        self.data.metadata.update(stop_ids=json.dumps(self.stops), chat_template="yes" if "chats" in form else "no")
+        self.data.metadata.update(stop_ids=self.stops, chat_template="yes" if "chats" in form else "no")
         return self.data
 
     def build_model(self, given=None) -> nn.Module:
@@ -180,7 +179,7 @@ class DirectPreference(SupervisedFineTuning):
         return {**super().describe_data(model), "reference": self.reference, "dpo_loss": self.o.dpo_loss}
 
     def weights_metadata(self) -> dict:
-        return {**super().weights_metadata(), "dpo_loss": self.o.dpo_loss, "beta": str(self.o.beta)}
+        return {**super().weights_metadata(), "dpo_loss": self.o.dpo_loss, "beta": self.o.beta}
 
 
 def example_table(logits: torch.Tensor) -> torch.Tensor:

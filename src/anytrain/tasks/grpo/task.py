@@ -113,7 +113,7 @@ class GroupRelative(SupervisedFineTuning):
         )
         facts = {"tokenizer": f"{type(self.tokenizer).__name__} (the model's own)", "train_prompts": len(rows["train"]),
                  "prompt_format": "chats" if chats else "text", "train_rollouts_per_epoch": train.rollouts}  # fmt: skip
-        meta = {"stop_ids": str(self.stops), "chat_template": "yes" if chats else "no"}
+        meta = {"stop_ids": self.stops, "chat_template": "yes" if chats else "no"}
         self.data = Splits.of({**rows, "train": train}, shape, source, input_columns=["prompt"], facts=facts,
                               metadata=meta, tokenizer=self.tokenizer)  # fmt: skip
         return self.data

@@ -6,7 +6,6 @@ the model and its image processor saved in run_dir/hf, which transformers' pipel
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from torch import nn
@@ -42,9 +41,8 @@ class HFImageClassification(Transformers, Classification):
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
         from ...hf import FOLDER
-        from ...shape import DataShape
         from .hfimages import load_processor, predict_images
 
         processor = load_processor(str(folder / FOLDER))
-        channels = DataShape.from_json(meta["data_shape"]).channels
-        return predict_images(dataset, json.loads(meta["input_columns"])[0], processor, channels)
+        channels = meta["data_shape"].channels
+        return predict_images(dataset, meta["input_columns"][0], processor, channels)

@@ -7,7 +7,6 @@ by sacrebleu from per-sentence statistics summed over batches and ranks (so 2 ra
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -104,18 +103,18 @@ class Seq2Seq(TokenWeighted):
         return shape.example_inputs(batch)
 
     def weights_metadata(self) -> dict:
-        return {**super().weights_metadata(), "max_length": str(self.cfg.data.max_length)}
+        return {**super().weights_metadata(), "max_length": self.cfg.data.max_length}
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
         from ...hf import tokenizer_of_run
         from .hfpairs import predict_pairs
 
         self.tokenizer = tokenizer_of_run(folder)
-        column = json.loads(meta["input_columns"])[0]
-        return predict_pairs(dataset, column, self.tokenizer, int(meta["max_length"]))
+        column = meta["input_columns"][0]
+        return predict_pairs(dataset, column, self.tokenizer, meta["max_length"])
 
     def predict_batch(self, model: nn.Module, inputs, meta: dict) -> list[dict]:
-        texts = self.generate(model, inputs, do_sample=False, num_beams=1, max_new_tokens=int(meta["max_length"]))
+        texts = self.generate(model, inputs, do_sample=False, num_beams=1, max_new_tokens=meta["max_length"])
         return [{"prediction": text} for text in texts]
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:

@@ -7,7 +7,6 @@ puts the prompt in a user turn of the chat template and prints the reply."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -139,7 +138,7 @@ class SupervisedFineTuning(HFCausalLM):
         trained on prompt/completion text), sampled (temperature, top-k, seed, up to --tokens tokens)."""
         from ...hf import max_positions, tokenizer_of_run
 
-        self.tokenizer, self.stops = tokenizer_of_run(folder), json.loads(meta["stop_ids"])
+        self.tokenizer, self.stops = tokenizer_of_run(folder), meta["stop_ids"]
         if meta.get("chat_template") == "yes":
             text = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True

@@ -18,8 +18,6 @@ so that evaluation can generate each one's last answer from what precedes it (ta
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import torch
 
@@ -278,11 +276,7 @@ def chat_splits(cfg: TrainConfig, tokenizer, given=None) -> tuple[Splits, list[i
                 continue
         cut = [r[:max_length] for r in ids], [r[:max_length] for r in labels]
         rows[name] = ChatRows(*cut, tokenizer.pad_token_id, multiple)
-    meta = {
-        "stop_ids": json.dumps(stops),
-        "chat_format": form,
-        "chat_template": "yes" if templated(form, train) else "no",
-    }
+    meta = {"stop_ids": stops, "chat_format": form, "chat_template": "yes" if templated(form, train) else "no"}
     data = splits_of(rows, cfg, tokenizer, source, (form, column, meta), dropped)
     data.notes.extend(notes)
     return data, stops

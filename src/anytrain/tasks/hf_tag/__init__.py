@@ -7,7 +7,6 @@ prints each word with its tag."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -62,17 +61,14 @@ class TokenClassification(TokenWeighted):
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
         from ...hf import tokenizer_of_run
-        from ...shape import DataShape
         from .hftags import predict_tagged
 
-        column = json.loads(meta["input_columns"])[0]
-        return predict_tagged(
-            dataset, column, tokenizer_of_run(folder), DataShape.from_json(meta["data_shape"]).max_length
-        )
+        column = meta["input_columns"][0]
+        return predict_tagged(dataset, column, tokenizer_of_run(folder), meta["data_shape"].max_length)
 
     def predict_batch(self, model: nn.Module, inputs, meta: dict) -> list[dict]:
         from .hftags import word_tags
 
         inputs = dict(inputs)
         word_ids, words = inputs.pop("word_ids"), inputs.pop("words")
-        return word_tags(model(**inputs).logits, word_ids, words, json.loads(meta["class_names"]))
+        return word_tags(model(**inputs).logits, word_ids, words, meta["class_names"])

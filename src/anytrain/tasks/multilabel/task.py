@@ -4,8 +4,6 @@ and exact match at --threshold (saved with the weights); predict prints the labe
 
 from __future__ import annotations
 
-import json
-
 import torch
 from torch.nn import functional as F
 
@@ -61,11 +59,11 @@ class MultiLabel(Labelled):
         return torch.zeros(batch, shape.num_classes)
 
     def weights_metadata(self) -> dict:
-        return {**super().weights_metadata(), "threshold": str(self.threshold())}
+        return {**super().weights_metadata(), "threshold": self.threshold()}
 
     def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]:
-        names = json.loads(meta["class_names"]) if "class_names" in meta else None
-        threshold = float(meta.get("threshold", 0.5))
+        names = meta.get("class_names")
+        threshold = meta.get("threshold", 0.5)
         rows = []
         for probs in outputs.float().sigmoid().tolist():
             chosen = [(k, p) for k, p in enumerate(probs) if p > threshold]

@@ -7,7 +7,6 @@ margin. It exports a folder AutoModelForSequenceClassification loads (num_labels
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -70,7 +69,7 @@ class RewardModel(Transformers):
         return torch.zeros(batch // 2, 2)
 
     def weights_metadata(self) -> dict:
-        return {**super().weights_metadata(), "input_columns": json.dumps(["text"])}
+        return {**super().weights_metadata(), "input_columns": ["text"]}
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
         rows, ds, source = super().predict_inputs(dataset, meta, folder)
