@@ -467,7 +467,7 @@ class Loop:
         return epoch if stop_early else None
 
     def batches(self, epoch: int):
-        """This epoch's training batches, each with its RunContext (the step it belongs to, its share of it). The
+        """This epoch's training batches, each with its RunContext (the step it belongs to, its weight in it). The
         shuffle order and the images' augmentation are functions of (seed, epoch), the same on every rank, so a
         resumed epoch skips exactly the batches it trained on."""
         parts, progress = self.parts, self.parts.progress
@@ -480,11 +480,8 @@ class Loop:
         done = progress.batches_done
         batches = parts.accelerator.skip_first_batches(loader, done) if done else loader
         for k, batch in enumerate(batches, start=done):
-            weight = Weight(None, 1.0) if weights is None else weights[k]  # a stream: each batch its own mean
-            yield (
-                batch,
-                replace(parts.context, epoch=epoch, step=progress.step, share=weight.share, weight=weight.weight),
-            )
+            mine = Weight(None, 1.0) if weights is None else weights[k]  # a stream: each batch its own mean
+            yield batch, replace(parts.context, epoch=epoch, step=progress.step, share=mine.share, weight=mine.weight)
 
     def step_done(self) -> None:
         """An optimizer step is complete: advance the schedule (unless fp16 skipped the update), the count, the bar."""

@@ -155,8 +155,9 @@ class Task(abc.ABC):
 
     # --------------------------------------------------------------------------- defaults
     def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
-        """One training batch's loss, the scalar the loop hands to backward (which also divides it for gradient
-        accumulation): by default the forward pass, then the loss. A task whose step is not that (generation,
+        """One training batch's loss, the scalar the loop weighs by ctx.weight (its rows' share of the step, 1 where
+        the sizes divide) and hands to backward (which also divides it for gradient accumulation): by default the
+        forward pass, then the loss, a mean over the batch. A task whose step is not that (generation,
         scoring, several forward passes) overrides it; the model must be called through ctx.forward (its
         wrappers synchronise the gradients)."""
         inputs, targets = batch
