@@ -33,8 +33,8 @@ def train_losses(run_dir) -> list[tuple[int, float, float]]:
     return [(m["step"], m["loss"], m["lr"]) for m in read_metrics(run_dir) if m["kind"] == "train"]
 
 
-def assert_equal_runs(summary: dict, run_dir, reference: tuple[dict, object], tol: float = WEIGHT_TOL) -> float:
-    """Same steps and LRs, every logged loss and the weights within tol; returns the weights' difference."""
+def assert_equal_runs(summary: dict, run_dir, reference: tuple[dict, object], tol: float = WEIGHT_TOL) -> str:
+    """Same steps and LRs, every logged loss and the weights within tol; says the largest differences."""
     one, one_dir = reference
     assert (
         summary["optimizer_steps"] == one["optimizer_steps"] and summary["epochs_completed"] == one["epochs_completed"]
@@ -43,8 +43,9 @@ def assert_equal_runs(summary: dict, run_dir, reference: tuple[dict, object], to
     assert diff <= tol, diff
     ours, theirs = train_losses(run_dir), train_losses(one_dir)
     assert [(s, lr) for s, _, lr in ours] == [(s, lr) for s, _, lr in theirs]
-    assert [loss for _, loss, _ in ours] == pytest.approx([loss for _, loss, _ in theirs], abs=tol)
-    return diff
+    losses = max(abs(a - b) for (_, a, _), (_, b, _) in zip(ours, theirs))
+    assert losses <= tol, losses
+    return f"weights {diff:.1e}, logged losses {losses:.1e}"
 
 
 def launched(run_dir, *args: str) -> dict:
@@ -114,14 +115,14 @@ def test_digits_accumulation_equals_the_big_batch_whatever_the_size(digits_one_b
     """4 x 8 accumulated: 158 micro-batches an epoch, the last step 2 of them (8 + 3 rows), weighed 8/11 and 3/11."""
     summary = in_process(tmp_path / "accum", *DIGITS, "--batch-size", "8", "--grad-accum-steps", "4")
     assert summary["optimizer_steps"] == 80 and summary["train_samples"] == 1259
-    print(f"digits, 4 x 8 vs 1 x 32: weights {assert_equal_runs(summary, tmp_path / 'accum', digits_one_batch):.1e}")
+    print(f"digits, 4 x 8 vs 1 x 32: {assert_equal_runs(summary, tmp_path / 'accum', digits_one_batch)}")
 
 
 @pytest.mark.launch
 def test_digits_on_two_ranks_equal_one_rank_whatever_the_size(digits_one_batch, tmp_path):
     """2 ranks x 16: 79 batches an epoch, rank 0's last of 11 rows, rank 1's last a filler row of weight 0."""
     summary = launched(tmp_path / "two", *DIGITS, "--batch-size", "16")
-    print(f"digits, 2 x 16 vs 1 x 32: weights {assert_equal_runs(summary, tmp_path / 'two', digits_one_batch):.1e}")
+    print(f"digits, 2 x 16 vs 1 x 32: {assert_equal_runs(summary, tmp_path / 'two', digits_one_batch)}")
     assert summary["val_accuracy"] == digits_one_batch[0]["val_accuracy"]
 
 
@@ -144,7 +145,7 @@ def test_table_accumulation_equals_the_big_batch_whatever_the_size(table, tmp_pa
     args, reference = table
     summary = in_process(tmp_path / "accum", *args, "--batch-size", "4", "--grad-accum-steps", "4")
     assert (summary["task"], summary["train_samples"], summary["optimizer_steps"]) == ("regress", 293, 57)
-    print(f"table, 4 x 4 vs 1 x 16: weights {assert_equal_runs(summary, tmp_path / 'accum', reference):.1e}")
+    print(f"table, 4 x 4 vs 1 x 16: {assert_equal_runs(summary, tmp_path / 'accum', reference)}")
 
 
 @pytest.mark.launch
@@ -153,7 +154,7 @@ def test_table_on_two_ranks_with_accumulation_equals_one_rank_whatever_the_size(
     of 4 and 1 rows."""
     args, reference = table
     summary = launched(tmp_path / "two", *args, "--batch-size", "4", "--grad-accum-steps", "2")
-    print(f"table, 2 x 2 x 4 vs 1 x 16: weights {assert_equal_runs(summary, tmp_path / 'two', reference):.1e}")
+    print(f"table, 2 x 2 x 4 vs 1 x 16: {assert_equal_runs(summary, tmp_path / 'two', reference)}")
     assert summary["val_rmse"] == pytest.approx(reference[0]["val_rmse"], abs=WEIGHT_TOL)
 
 
@@ -184,5 +185,5 @@ def test_token_weighted_two_ranks_equal_one_rank_whatever_the_size(lm, tmp_path)
     """2 ranks x 8: 31 batches, rank 0's last of 7 texts, rank 1's last a filler text of weight 0."""
     args, reference = lm
     summary = launched(tmp_path / "two", *args, "--batch-size", "8")
-    print(f"lm, 2 x 8 vs 1 x 16: weights {assert_equal_runs(summary, tmp_path / 'two', reference, LM_TOL):.1e}")
+    print(f"lm, 2 x 8 vs 1 x 16: {assert_equal_runs(summary, tmp_path / 'two', reference, LM_TOL)}")
     assert summary["val_loss"] == pytest.approx(reference[0]["val_loss"], abs=LM_TOL)
