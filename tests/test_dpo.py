@@ -323,7 +323,8 @@ def one_batch(folders, tmp_path_factory):
 
 def test_dpo_accumulation_equals_one_big_batch_on_an_uneven_last_step(folders, one_batch, tmp_path, monkeypatch):
     """120 training pairs in batches of 16: the 8th step holds 8 pairs, two micro-batches of 4 accumulated. The
-    control (each micro-batch the mean over its own pairs) gives that step half its gradient."""
+    control (each micro-batch the mean over its own pairs, unweighted) gives that step half its gradient."""
+    from anytrain import trainer
     from anytrain.tasks.dpo.task import DirectPreference
 
     one, one_dir = one_batch
@@ -335,6 +336,7 @@ def test_dpo_accumulation_equals_one_big_batch_on_an_uneven_last_step(folders, o
     # every step's logged loss, the 8th too: two micro-batches' shares of its 8 pairs, summed over 4 (step_shares)
     assert train_losses(tmp_path / "accum") == pytest.approx(train_losses(one_dir), rel=2e-6)
     monkeypatch.setattr(DirectPreference, "step_shares", False)
+    monkeypatch.setattr(trainer, "epoch_weights", lambda *_: None)  # nor the rows' weights (shares.py)
     in_process(tmp_path / "plain", *args(folders), *flags)
     plain = max_abs_diff(load_model(tmp_path / "plain").state_dict(), load_model(one_dir).state_dict())
     assert plain > 5 * TOL and plain > 100 * diff, (plain, diff)  # measured 2.5e-4 against 6.4e-7

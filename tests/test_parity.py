@@ -61,10 +61,17 @@ def reference_loop(cfg: TrainConfig, *, train_loader_own_generator: bool = True)
             Subset(train_set, order.tolist()), batch_size=cfg.optim.batch_size, generator=generator
         )
         model.train()
+        accum, size = cfg.optim.grad_accum_steps, cfg.optim.batch_size
         for i, (inputs, targets) in enumerate(train_loader):
             outputs = model(inputs)
             loss = criterion(outputs, targets)
-            (loss / cfg.optim.grad_accum_steps).backward()
+            # a cycle's gradient is the mean over its rows, also the epoch's last, short cycle: each batch's mean
+            # weighted by its rows' share (1 where the cycle holds accum full batches), then divided by accum
+            start = i // accum * accum
+            rows = min(n, (start + accum) * size) - start * size
+            weight = len(targets) * accum / rows
+            loss = loss if weight == 1 else loss * weight
+            (loss / accum).backward()
             window.append(loss.detach())
             if (i + 1) % cfg.optim.grad_accum_steps and i + 1 < len(train_loader):
                 continue  # accumulate; the last, short cycle of an epoch still steps
@@ -75,8 +82,8 @@ def reference_loop(cfg: TrainConfig, *, train_loader_own_generator: bool = True)
             scheduler.step()
             optimizer.zero_grad()
             step += 1
-            if step % cfg.run.log_every_steps == 0:
-                mean = (torch.stack(window).float().sum() / len(window)).item()  # float32 sum / count
+            if step % cfg.run.log_every_steps == 0:  # the weighted losses' float32 sum over accum x the steps
+                mean = (torch.stack(window).float().sum() / (accum * cfg.run.log_every_steps)).item()
                 logged.append({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]})
                 window = []
             if step >= total_steps:

@@ -47,7 +47,7 @@ from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weigh
 from .runfolder import check_run_folder, check_writable, start_run_folder
 from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator, prepare
-from .shares import step_shares
+from .shares import Weight, epoch_weights, split_as_it_falls
 from .tasks import META_KEY, is_own
 from .tasks.base import best_criterion, check_loss, evaluate, loss_owner, step_loss, training_loss, user_loss_function
 from .tasks.contract import RunContext, Task, exporter
@@ -158,11 +158,11 @@ class Throughput:
 class LossWindow:
     """This rank's batch losses since the last log line, with their step numbers; saved in
     checkpoints, so the first log line after a resume is the one the run would have written.
-    `summed_over`: --grad-accum-steps when the task's batch losses are shares of their step's loss
-    (Task.step_shares), None when each is a mean of its own."""
+    Each batch loss is weighted by its share of its step (shares.py), so a step's loss is the sum of
+    its batches' over `accum` (--grad-accum-steps) and the processes."""
 
-    def __init__(self, saved: list, device: torch.device, summed_over: int | None = None):
-        self.device, self.summed_over = device, summed_over
+    def __init__(self, saved: list, device: torch.device, accum: int):
+        self.device, self.accum = device, accum
         self.steps = [step for step, _ in saved]
         self.losses = [torch.tensor(loss, device=device) for _, loss in saved]
 
@@ -172,12 +172,11 @@ class LossWindow:
 
     def mean(self, accelerator: Accelerator, signalled: bool) -> tuple[float | None, bool]:
         """One all-reduce: the mean loss over every rank's window (None when all are empty), and
-        whether any rank received a stop signal. The mean over its batches; for step shares, their
-        sum over summed_over x its steps: each step's loss is what it trained, also an epoch's last
-        step when it has fewer batches than --grad-accum-steps."""
+        whether any rank received a stop signal. The sum of the weighted batch losses over accum x
+        the steps and processes: the mean of the steps' losses, each what its step trained (also an
+        epoch's last, short one), and of its batches' where every step holds accum full ones."""
         losses = torch.stack(self.losses).float() if self.losses else torch.zeros(0, device=self.device)
-        count = self.summed_over * len(set(self.steps)) if self.summed_over else len(self.losses)
-        counts = torch.tensor([float(count), float(signalled)], device=self.device)
+        counts = torch.tensor([float(self.accum * len(set(self.steps))), float(signalled)], device=self.device)
         total = accelerator.reduce(torch.cat([losses.sum().view(1), counts]), "sum")
         mean = (total[0] / total[1]).item() if total[1] > 0 else None
         return mean, bool(total[2].item())
@@ -316,6 +315,7 @@ def prepare_parts(context: RunContext, task: Task, data: Splits, reason: str, re
     loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in splits]
     # Moves the model to the device, wraps it for DDP/FSDP, mixed precision, torch.compile; shards the loaders by rank.
     model, optimizer, *loaders = prepare(accelerator, model, optimizer, *loaders)  # + FSDP2's autocast
+    split_as_it_falls(loaders[0])  # the last, short round of batches over the processes as it falls: no row twice
     context = replace(context, model=model)
     total_steps = count_steps(cfg, loaders[0])
     scheduler = build_scheduler(cfg.optim, optimizer, total_steps)
@@ -403,8 +403,7 @@ class Loop:
         self.bar = tqdm(
             total=parts.total_steps, initial=parts.progress.step, unit="step", dynamic_ncols=True, disable=not show
         )
-        shares = cfg.optim.grad_accum_steps if parts.task.step_shares else None
-        self.window = LossWindow(parts.progress.window, accelerator.device, shares)  # restored on resume
+        self.window = LossWindow(parts.progress.window, accelerator.device, cfg.optim.grad_accum_steps)  # resumed too
         self.speed = Throughput()
         self.val: dict = {}  # the last validation's metrics
         self.best = BestWeights(cfg.eval.final_weights == "best")  # the best validation's weights (best.py)
@@ -432,6 +431,7 @@ class Loop:
             for batch, ctx in self.batches(epoch):
                 with accelerator.accumulate(model):  # all-reduced and applied once per grad_accum_steps batches
                     loss = step_loss(task.train_step(ctx, batch), task)  # default: the forward pass, the loss
+                    loss = ctx.weighted(loss)  # by its rows' share of the step (shares.py): 1 where sizes divide
                     accelerator.backward(loss)  # scales the loss under fp16 and divides it for accumulation
                     if accelerator.sync_gradients and clip:
                         accelerator.clip_grad_norm_(model.parameters(), clip)  # unscales first under fp16
@@ -469,22 +469,21 @@ class Loop:
         return epoch if stop_early else None
 
     def batches(self, epoch: int):
-        """This epoch's training batches, each with its RunContext (the step it belongs to, its share of it). The
+        """This epoch's training batches, each with its RunContext (the step it belongs to, its weight in it). The
         shuffle order and the images' augmentation are functions of (seed, epoch), the same on every rank, so a
         resumed epoch skips exactly the batches it trained on."""
         parts, progress = self.parts, self.parts.progress
         loader = parts.train_loader
         loader.set_epoch(epoch)  # the sampler's order (accelerate's seedable sampler)
         parts.data.train.set_epoch(epoch)  # the augmentation (accelerate only tells the sampler)
-        shares = None
-        if parts.task.step_shares:  # each batch's share of its step's count (a transformers LM: target tokens)
-            counts = parts.task.step_counts(epoch)
-            shares = step_shares(parts.accelerator, loader, epoch, counts, self.cfg.optim.grad_accum_steps)
+        # Each batch's weight in its step: its rows' (or a step_shares task's target tokens') share of the step's.
+        counts = parts.task.step_counts(epoch) if parts.task.step_shares else None
+        weights = epoch_weights(loader, epoch, counts, self.cfg.optim.grad_accum_steps)
         done = progress.batches_done
         batches = parts.accelerator.skip_first_batches(loader, done) if done else loader
         for k, batch in enumerate(batches, start=done):
-            share = None if shares is None else shares[k]
-            yield batch, replace(parts.context, epoch=epoch, step=progress.step, share=share)
+            mine = Weight(None, 1.0) if weights is None else weights[k]  # a stream: each batch its own mean
+            yield batch, replace(parts.context, epoch=epoch, step=progress.step, share=mine.share, weight=mine.weight)
 
     def step_done(self) -> None:
         """An optimizer step is complete: advance the schedule (unless fp16 skipped the update), the count, the bar."""

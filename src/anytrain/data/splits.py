@@ -7,15 +7,17 @@ index operation instead of a Python row at a time), or a stream (stream.py) that
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 
 from ..config import TrainConfig
 from ..shape import DataShape
+from ..shares import Rounds
 
 
 class Rows(Dataset):
@@ -156,22 +158,34 @@ def loader_workers(data: Rows, cfg: TrainConfig) -> int:
 
 
 def make_loader(data: Rows, cfg: TrainConfig, shuffle: bool) -> DataLoader:
+    """A split's loader; `shuffle`: the training split's, its batches the epoch's Rounds (shares.py: the last round
+    split as it falls over the processes, never a row twice), shuffled unless its rows order themselves."""
     workers = loader_workers(data, cfg)
     persistent = cfg.data.persistent_workers and workers > 0
     if isinstance(data, IterableDataset):  # a stream (stream.py) yields whole batches and shuffles in its buffer
         return DataLoader(
             data, batch_size=None, num_workers=workers, pin_memory=cfg.data.pin_memory, persistent_workers=persistent
         )
-    shuffle = shuffle and data.shuffled
+    if not shuffle:
+        return DataLoader(
+            data,
+            batch_size=cfg.optim.batch_size,
+            collate_fn=keep_batch,
+            num_workers=workers,
+            pin_memory=cfg.data.pin_memory,
+            persistent_workers=persistent,
+        )
+    # Its own generator, so starting an epoch does not draw from the global RNG that dropout
+    # uses: a run resumed mid-epoch then sees exactly the random numbers the original saw.
+    generator = torch.Generator().manual_seed(cfg.run.seed) if data.shuffled else None
+    rows = cast(Sized, data)  # a map-style split has a length
+    sampler = RandomSampler(rows, generator=generator) if data.shuffled else SequentialSampler(rows)
     return DataLoader(
         data,
-        batch_size=cfg.optim.batch_size,
-        shuffle=shuffle,
+        batch_sampler=Rounds(sampler, cfg.optim.batch_size),
         collate_fn=keep_batch,
         num_workers=workers,
         pin_memory=cfg.data.pin_memory,
         persistent_workers=persistent,
-        # Its own generator, so starting an epoch does not draw from the global RNG that dropout
-        # uses: a run resumed mid-epoch then sees exactly the random numbers the original saw.
-        generator=torch.Generator().manual_seed(cfg.run.seed) if shuffle else None,
+        generator=generator,
     )

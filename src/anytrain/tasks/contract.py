@@ -75,7 +75,9 @@ class RunContext:
     synchronise), the settled config and run folder, and where the run is. `share`, for a task with step_shares,
     is this batch's share of its optimizer step's count (step_counts over processes x accumulation steps); a loss
     that divides its sum by it makes the step's gradient that of the mean over the whole step, on any number of
-    ranks and accumulation steps. None for other tasks and outside a step."""
+    ranks and accumulation steps. None for other tasks and outside a step. `weight` is what the loop multiplies
+    the batch's loss by (shares.py): for a mean, its rows' share of the step's rows (exactly 1 where the sizes
+    divide); 0 for a filler row, which a process runs when the epoch's last batches left it none."""
 
     accelerator: Accelerator
     model: nn.Module
@@ -86,6 +88,7 @@ class RunContext:
     epoch: int = 0
     step: int = 0  # optimizer steps done before this batch
     share: float | None = None
+    weight: float = 1.0
 
     def forward(self, inputs, targets: torch.Tensor | None = None):
         """The model's outputs for a batch: model(inputs), + the targets when it computes its own loss, + the
@@ -95,6 +98,10 @@ class RunContext:
     def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
         """The training loss of a batch's outputs: the model's own, else --loss, else Task.loss (with the share)."""
         return self.criterion(outputs, targets, self.share)
+
+    def weighted(self, loss: torch.Tensor) -> torch.Tensor:
+        """The batch's loss (train_step's) times its weight; untouched where that is 1."""
+        return loss if self.weight == 1 else loss * self.weight
 
 
 class Task(abc.ABC):
@@ -149,8 +156,9 @@ class Task(abc.ABC):
 
     # --------------------------------------------------------------------------- defaults
     def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
-        """One training batch's loss, the scalar the loop hands to backward (which also divides it for gradient
-        accumulation): by default the forward pass, then the loss. A task whose step is not that (generation,
+        """One training batch's loss, the scalar the loop weighs by ctx.weight (its rows' share of the step, 1 where
+        the sizes divide) and hands to backward (which also divides it for gradient accumulation): by default the
+        forward pass, then the loss, a mean over the batch. A task whose step is not that (generation,
         scoring, several forward passes) overrides it; the model must be called through ctx.forward (its
         wrappers synchronise the gradients)."""
         inputs, targets = batch
