@@ -46,10 +46,10 @@ REPO_DIRS = ("tests", "benchmarks", "scripts", "examples", "docs", "src")
 
 def stale_mentions(text: str) -> list[str]:
     """The file names a module's text mentions that name no file: data/X.py and tasks/X.py under
-    src/anytrain, anytrain/... under src, tests/..., benchmarks/... (and the other top folders) under
-    the repository, and a bare X.py a file of src (train.py), src/anytrain, its data/ or its tasks/."""
+    src/anytrain (and config/X.py), anytrain/... under src, tests/..., benchmarks/... (and the other top folders)
+    under the repository, and a bare X.py a file of src (train.py), src/anytrain, its data/, tasks/ or config/."""
     missing = []
-    for found in re.findall(r"\b(?:data|tasks)/[a-z_]+\.py\b", text):
+    for found in re.findall(r"\b(?:data|tasks|config)/[a-z_]+\.py\b", text):
         if not (SRC / found).is_file():
             missing.append(found)
     for found in re.findall(r"\banytrain/[\w/]+\.py\b", text):
@@ -60,7 +60,7 @@ def stale_mentions(text: str) -> list[str]:
             missing.append(found)
     for found in re.findall(r"(?<![\w/.])[a-z_]\w*\.py\b", text):
         if found not in PLACEHOLDERS and not any(
-            (d / found).is_file() for d in (SRC.parent, SRC, SRC / "data", SRC / "tasks")
+            (d / found).is_file() for d in (SRC.parent, SRC, SRC / "data", SRC / "tasks", SRC / "config")
         ):
             missing.append(found)
     return missing
@@ -91,6 +91,7 @@ AMBIGUOUS = {  # module names that comments also use for other things: config se
     "anytrain",  # its names are imported on first use (anytrain.train)
     "config",  # config.json
     "data",  # cfg.data.label_column
+    "loss",  # a loss tensor's attributes (loss.dtype), and tasks/grpo/loss.py
     "optim",  # cfg.optim.lr
     "shape",  # shape.pad_id, a DataShape's
     "task",  # a task object's attributes (task.name), and tasks/multilabel/task.py
