@@ -229,3 +229,12 @@ def test_reading_another_runs_config_leaves_the_run_being_configured_as_it_was(t
     assert teacher.data.task == "classify" and teacher.run.seed == 7
     assert "distill" in SECTIONS and "grpo" not in SECTIONS
     assert own.flat()["teacher"] == "runs/teacher" and own.replace(lr=0.5).section("distill").temperature == 2.0
+
+
+def test_a_list_option_takes_its_values_after_one_flag_or_the_flag_repeated():
+    """--reward answer --reward format:X is two reward functions, as `--reward answer format:X` is (the guide says
+    the flag is repeatable; argparse's default would keep the last one only)."""
+    repeated = parse_config(["--task", "grpo", "--reward", "answer", "--reward", "format:[0-9]+"])
+    assert repeated.section("grpo").reward == ["answer", "format:[0-9]+"]
+    assert parse_config(["--hidden-sizes", "64", "32"]).model.hidden_sizes == [64, 32]
+    assert parse_config(["--hidden-sizes", "64", "--hidden-sizes", "32"]).model.hidden_sizes == [64, 32]
