@@ -231,10 +231,12 @@ def test_reading_another_runs_config_leaves_the_run_being_configured_as_it_was(t
     assert own.flat()["teacher"] == "runs/teacher" and own.replace(lr=0.5).section("distill").temperature == 2.0
 
 
-def test_a_list_option_takes_its_values_after_one_flag_or_the_flag_repeated():
+def test_a_repeatable_list_option_adds_a_repeated_flag_and_any_other_takes_the_last():
     """--reward answer --reward format:X is two reward functions, as `--reward answer format:X` is (the guide says
-    the flag is repeatable; argparse's default would keep the last one only)."""
+    the flag is repeatable; argparse's default keeps the last one only, silently); any other list option's last
+    flag wins, as a scalar's does, so a flag typed after a base command overrides it."""
     repeated = parse_config(["--task", "grpo", "--reward", "answer", "--reward", "format:[0-9]+"])
     assert repeated.section("grpo").reward == ["answer", "format:[0-9]+"]
+    assert parse_config(["--task", "grpo", "--reward", "answer", "length:9"]).section("grpo").reward[1] == "length:9"
     assert parse_config(["--hidden-sizes", "64", "32"]).model.hidden_sizes == [64, 32]
-    assert parse_config(["--hidden-sizes", "64", "--hidden-sizes", "32"]).model.hidden_sizes == [64, 32]
+    assert parse_config(["--hidden-sizes", "64", "--hidden-sizes", "32"]).model.hidden_sizes == [32]

@@ -36,7 +36,9 @@ def add_options(parser: argparse.ArgumentParser, options, defaults: bool) -> Non
         elif o.kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(o.kind) is list:
-            kwargs.update(nargs="*", action="extend", type=typing.get_args(o.kind)[0], metavar=o.name.upper())
+            kwargs.update(nargs="*", type=typing.get_args(o.kind)[0], metavar=o.name.upper())
+            if o.repeatable:
+                kwargs["action"] = "extend"
         else:
             kwargs["type"] = o.kind
             if o.choices:

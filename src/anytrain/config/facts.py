@@ -37,11 +37,14 @@ def option(
     flag="",
     aliases=(),
     required=False,
+    repeatable=False,
 ):
     """A section field with its facts. bounds is an interval: '(0, inf)', '[0, 1)', '(0, 1]' ...
     aliases: earlier names of the option, still accepted as flags, YAML keys and keywords.
     required: a run of the task must be given it (flag, YAML or keyword); its default is only a placeholder of
-    its type, and a run without it is refused in one line naming the flag and the task (tasks/settle.py)."""
+    its type, and a run without it is refused in one line naming the flag and the task (tasks/settle.py).
+    repeatable: a list option whose flag, repeated, adds to it (`--reward a --reward b`); another list option's
+    last flag wins, as a scalar's does (a flag typed after a base command overrides it)."""
     facts = dict(
         help=help,
         choices=tuple(choices),
@@ -51,6 +54,7 @@ def option(
         flag=flag,
         aliases=tuple(aliases),
         required=required,
+        repeatable=repeatable,
     )
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=facts)
@@ -73,6 +77,7 @@ class Option:
     model_parallel: bool
     aliases: tuple
     required: bool = False  # the run must be given it: no usable default
+    repeatable: bool = False  # a list option whose repeated flag adds to it
 
     @property
     def flag(self) -> str:

@@ -19,9 +19,11 @@ class GRPOOptions:
         "grpo: the reward functions, each FILE.py:function or module:function with TRL's signature "
         "fn(prompts, completions, completion_ids, **columns) -> list[float | None], or a built-in: answer (1.0 where "
         "the completion, stripped, is the row's answer column), format:REGEX (1.0 where the completion matches the "
-        "pattern from its start), length:N (0 up to N tokens, minus the share of N it runs past them)",
+        "pattern from its start), length:N (0 up to N tokens, minus the share of N it runs past them); several after "
+        "one flag or the flag repeated",
+        repeatable=True,
     )
-    reward_weights: list[float] = option([], "grpo: one weight per --reward (default: 1.0 each)")
+    reward_weights: list[float] = option([], "grpo: one weight per --reward (default: 1.0 each)", repeatable=True)
     num_generations: int = option(8, "grpo: completions sampled per prompt (a group: G)", bounds="[2, inf)")
     max_new_tokens: int = option(64, "grpo: the longest completion, in tokens", bounds=POSITIVE)
     temperature: float = option(1.0, "grpo: the sampling temperature", bounds=POSITIVE)
