@@ -6,9 +6,11 @@ rate over the peak."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
-from conftest import read_summary
+from conftest import read_summary, torch_threads
 from hfchecks import in_process
 
 from anytrain import flops
@@ -44,7 +46,34 @@ def test_peaks_come_from_the_option_the_gpu_table_or_a_measured_cpu_product():
     assert flops.peak_flops(torch.device("cpu"), "fp32", 2.5) == (2.5e12, "--peak-tflops")
     assert flops.gpu_peak("NVIDIA H200") == (67.0, 989.0) and flops.gpu_peak("Some GPU") is None
     measured, said = flops.peak_flops(torch.device("cpu"), "fp32", 0.0)
-    assert 1e8 < measured < 1e14 and said.startswith("measured: a 1024 x 1024 torch.float32 matrix product")
+    assert 1e8 < measured < 1e14 and re.match(r"measured: a (\d+) x \1 torch.float32 matrix product", said), said
+
+
+@pytest.mark.parametrize(("seconds_at_256", "size"), [(0.018, 256), (0.0002, 1024), (0.003, 512)])
+def test_a_cpus_peak_is_measured_on_the_largest_product_that_takes_25_ms(monkeypatch, seconds_at_256, size):
+    """On AVX2 one 1,024 product in bf16 takes 3 s (256: 18 ms); in fp32 66 ms (256: 2 ms). A product's time grows
+    with the cube of its size: the measurement stops where the next size would take more than 25 ms."""
+    sizes = []
+    monkeypatch.setattr(
+        flops, "product_seconds", lambda a: sizes.append(len(a)) or seconds_at_256 * (len(a) / 256) ** 3
+    )
+    peak, measured_on = flops.cpu_peak.__wrapped__(torch.bfloat16, 1)
+    assert measured_on == size and max(sizes) == size
+    assert peak == pytest.approx(2 * size**3 / (seconds_at_256 * (size / 256) ** 3))
+
+
+def test_a_cpus_peak_is_measured_once_per_process_precision_and_thread_count(monkeypatch):
+    flops.cpu_peak.cache_clear()
+    products = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: products.append(a.dtype) or real_mm(a, b))
+    first, _ = flops.peak_flops(torch.device("cpu"), "fp32", 0.0)
+    measured = len(products)
+    assert measured >= 2 and flops.peak_flops(torch.device("cpu"), "fp32", 0.0)[0] == first
+    assert len(products) == measured  # the second run of the process measured nothing
+    with torch_threads(2):
+        flops.peak_flops(torch.device("cpu"), "fp32", 0.0)
+    assert len(products) > measured  # another thread count is measured anew
 
 
 def test_a_runs_summary_and_last_line_say_its_mfu(tmp_path, capsys):

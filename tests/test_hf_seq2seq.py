@@ -38,6 +38,7 @@ def folders(tmp_path_factory):
         "data": write_jsonl(root / "pairs.jsonl", pairs(N, seed=3)),
         "more": write_jsonl(root / "more.jsonl", pairs(600, seed=3)),
         "bart": tiny_bart(root / "bart", corpus()),
+        "quick": tiny_bart(root / "quick", corpus(), init_std=0.1),  # learns in 3 epochs, not 15 (tests/hfmodels.py)
     }
 
 
@@ -65,11 +66,9 @@ def test_the_bart_learns_to_translate_and_predict_generates_what_transformers_lo
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     run_dir = tmp_path / "run"
-    flags = ["--model", f"hf:{folders['bart']}", "--dataset", str(folders["more"]), *S2S[4:]]
-    summary = in_process(run_dir, *flags, "--lr", "1e-3", "--epochs", "35", "--batch-size", "16", "--weight-decay", "0")
-    assert summary["test_exact_match"] >= 0.9 and summary["test_bleu"] >= 90, (
-        summary
-    )  # measured 1.0 and 100 (by epoch 20)
+    flags = ["--model", f"hf:{folders['quick']}", "--dataset", str(folders["more"]), *S2S[4:]]
+    summary = in_process(run_dir, *flags, "--lr", "1e-3", "--epochs", "6", "--batch-size", "16", "--weight-decay", "0")
+    assert summary["test_exact_match"] >= 0.9 and summary["test_bleu"] >= 90, summary  # measured 1.0, 100 (by epoch 3)
     rows = [{"source": "river stone the"}, {"source": "engine and cable"}]
     predicted = predict(str(run_dir), str(write_jsonl(tmp_path / "new.jsonl", rows)))
     assert [p["prediction"] for p in predicted] == ["fluv petra le", "moteur et kabel"], predicted

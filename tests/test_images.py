@@ -5,7 +5,9 @@ file that cannot be decoded named in one line."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import anytrain
 from anytrain.cli import main
 from anytrain.config import TrainConfig
 from anytrain.data.images import ImageRows, auto_image_workers
+from anytrain.data.sources import read_dataset, unsplit_files
 from anytrain.predict import predict
 from anytrain.tasks.settle import load, settle
 
@@ -58,7 +61,7 @@ def test_an_imagefolder_trains_a_resnet_the_same_with_0_and_2_persistent_workers
     # workers kept alive across epochs still see each new epoch (it is in shared memory)
     runs = {
         w: anytrain.train(
-            RESNET,
+            {**RESNET, "epochs": 2},
             dataset=str(gray),
             augment=["crop"],
             num_workers=w,
@@ -70,7 +73,7 @@ def test_an_imagefolder_trains_a_resnet_the_same_with_0_and_2_persistent_workers
     s = runs[0]
     assert s["model"] == "resnet" and s["image_mode"] == "L" and s["image_size"] == 16 and s["augment"] == ["crop"]
     assert s["data_path"].startswith("arrow") and s["train_samples"] == 1797 - 179 - 359
-    assert s["test_accuracy"] > 0.9, s["test_accuracy"]  # 3 epochs of crops
+    assert s["test_accuracy"] > 0.8, s["test_accuracy"]  # 2 epochs of crops: measured 0.84
     assert (
         max_abs_diff(
             anytrain.load_model(tmp_path / "w0").state_dict(), anytrain.load_model(tmp_path / "w2").state_dict()
@@ -79,7 +82,7 @@ def test_an_imagefolder_trains_a_resnet_the_same_with_0_and_2_persistent_workers
     )
     assert runs[2]["test_accuracy"] == s["test_accuracy"]
     changes = [e for i, e in enumerate(epochs) if i == 0 or e != epochs[i - 1]]
-    assert changes == [0, 1, 2] * 2  # the dataset learns each epoch, so the augmentation changes with it
+    assert changes == [0, 1] * 2  # the dataset learns each epoch, so the augmentation changes with it
 
 
 def test_rgb_images_of_mixed_sizes_are_resized_and_a_parquet_image_column_trains(tmp_path, one_thread):
@@ -175,6 +178,27 @@ def test_an_image_that_cannot_be_decoded_is_named_in_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and err.startswith(
         f"train.py: error: --dataset: cannot decode image {bad} (UnidentifiedImageError"
     ), err
+    # the exit held here keeps no traceback, so the loader's worker processes are gone already (held, a garbage
+    # collection later in the process would stop for 5 s per worker to shut them down)
+    assert exc.value.__context__.__traceback__ is None and not multiprocessing.active_children()
+
+
+def test_an_image_folder_without_split_names_is_read_as_datasets_reads_it_without_its_66_globs(tmp_path, monkeypatch):
+    import datasets
+
+    folder = write_imagefolder(tmp_path / "digits", size=8, count=60)
+    theirs = datasets.load_dataset("imagefolder", data_dir=str(folder))  # datasets' own inference of the splits
+    monkeypatch.setattr(datasets.load, "get_data_patterns", lambda *a, **k: pytest.fail("datasets globbed the tree"))
+    ours, _ = read_dataset(str(folder))
+    assert list(ours) == list(theirs) == ["train"] and ours["train"].features == theirs["train"].features
+    assert ours["train"]["label"] == theirs["train"]["label"]
+    assert [i.filename for i in ours["train"]["image"]] == [i.filename for i in theirs["train"]["image"]]
+    # a name that may hold a split (train/, test_0.png, a class "interval", a data/ folder): datasets infers them
+    for name in ("train", "test_0.png", "interval", "data"):
+        (tmp_path / name / "sub").mkdir(parents=True)
+        assert unsplit_files(tmp_path) is None, name
+        shutil.rmtree(tmp_path / name)
+    assert unsplit_files(tmp_path) == {"train": "**"}
 
 
 def test_an_image_folder_with_stray_text_files_trains_as_images_and_counts_them(tmp_path, capsys, one_thread):

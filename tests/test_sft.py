@@ -120,7 +120,7 @@ def test_a_packed_batch_of_chats_has_the_loss_and_gradients_of_the_chats_padded(
 def learnt(folders, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("sft_run")
     flags = ["--model", f"hf:{folders['llama']}", "--dataset", str(folders["split"]), "--packing"]
-    summary = in_process(run_dir, *flags, "--epochs", "5", "--batch-size", "32", "--lr", "3e-3")
+    summary = in_process(run_dir, *flags, "--epochs", "3", "--batch-size", "32", "--lr", "3e-3")
     return summary, run_dir
 
 
@@ -131,8 +131,8 @@ def test_the_model_learns_the_instructions_and_reports_transformers_exact_match(
     assert summary["task"] == "sft" and summary["task_reason"] == "auto: a 'messages' column of messages"
     assert summary["chat_format"] == "messages" and summary["truncated_train_tokens"] == 0
     first = read_metrics(run_dir)[0]["loss"]
-    assert summary["val_loss"] < first / 3, (first, summary["val_loss"])  # measured 5.9 -> 1.1
-    assert summary["test_exact_match"] >= 0.1, summary  # measured 0.155 (0 before training)
+    assert summary["val_loss"] < first / 3, (first, summary["val_loss"])  # measured 5.9 -> 1.25
+    assert summary["test_exact_match"] >= 0.1, summary  # measured 0.135 (0 before training)
     model = AutoModelForCausalLM.from_pretrained(run_dir / "hf").eval()
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "hf")
     rows = [json.loads(line) for line in (folders["split"] / "test.jsonl").read_text().splitlines()]

@@ -11,12 +11,15 @@ count them):
 LoRA and frozen weights are counted as trained (the convention: MFU is the model's FLOPs, not the optimizer's).
 
 Peak: a GPU's dense peak from a table by its name and the run's precision (fp32 without TF32, or bf16/fp16 tensor
-cores); a CPU's measured with a short matrix product in the run's precision on the process's threads; or
---peak-tflops. MFU = achieved / (peak x processes).
+cores); a CPU's measured with short square matrix products in the run's precision on the process's threads (as
+large as take ~25 ms each, up to 1,024); or --peak-tflops. MFU = achieved / (peak x processes). A CPU's peak is
+measured once per process, precision and thread count (a process that trains many runs, a notebook or the tests,
+measures it once).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, cast
 
@@ -88,18 +91,28 @@ def per_sample(model: nn.Module, inputs) -> tuple[int, str]:
     return 3 * counter.get_total_flops() // rows, "3 x a counted forward pass"
 
 
-def cpu_peak(dtype: torch.dtype, seconds: float = 0.2, size: int = 1024) -> float:
-    """FLOP/s of a size x size matrix product in `dtype` on this process's threads, the best of ~`seconds`."""
-    a = torch.full((size, size), 0.5, dtype=dtype)
-    b = torch.full((size, size), 0.25, dtype=dtype)
-    torch.mm(a, b)  # warm-up
-    best, spent = float("inf"), 0.0
+def product_seconds(a: torch.Tensor) -> float:
+    start = time.perf_counter()
+    torch.mm(a, a)
+    return time.perf_counter() - start
+
+
+@functools.cache
+def cpu_peak(dtype: torch.dtype, threads: int, seconds: float = 0.2, largest: int = 1024) -> tuple[float, int]:
+    """(FLOP/s, size): the best of ~`seconds` of square matrix products in `dtype` on `threads` threads (this
+    process's now), of the largest size up to `largest` whose one product takes ~25 ms at most (a CPU without native
+    bf16, AVX2, takes 3 s for one 1,024 product in bf16, and is no faster at that size: 0.7 against 1.9 GFLOP/s at
+    256); cached: the same CPU, precision and threads measure the same peak."""
+    size, a = 128, torch.full((128, 128), 0.5, dtype=dtype)
+    took = min(product_seconds(a), product_seconds(a))  # the first product warms up
+    while size < largest and took * 8 <= 0.025:  # the next size does 8 times the work
+        size, a = size * 2, torch.full((size * 2, size * 2), 0.5, dtype=dtype)
+        took = min(product_seconds(a), product_seconds(a))
+    best, spent = took, 0.0
     while spent < seconds:
-        start = time.perf_counter()
-        torch.mm(a, b)
-        took = time.perf_counter() - start
+        took = product_seconds(a)
         best, spent = min(best, took), spent + took
-    return 2 * size**3 / best
+    return 2 * size**3 / best, size
 
 
 def peak_flops(device: torch.device, precision: str, given_tflops: float) -> tuple[float | None, str]:
@@ -115,7 +128,8 @@ def peak_flops(device: torch.device, precision: str, given_tflops: float) -> tup
         return peaks[1 if half else 0] * 1e12, f"{name}, dense {'bf16/fp16' if half else 'fp32'} (data sheet)"
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     threads = torch.get_num_threads()
-    return cpu_peak(dtype), f"measured: a 1024 x 1024 {dtype} matrix product on {threads} thread(s)"
+    peak, size = cpu_peak(dtype, threads)
+    return peak, f"measured: a {size} x {size} {dtype} matrix product on {threads} thread(s)"
 
 
 def utilisation(model: nn.Module, shape, context: float, rates: dict, processes: int, device, precision: str,

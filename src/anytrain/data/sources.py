@@ -54,6 +54,24 @@ def visible_files(folder: Path) -> list[Path]:
     return found
 
 
+# Every split keyword of datasets' default data-file patterns (train, training, validation, valid, val, dev, test,
+# testing, eval, evaluation) holds one of these; its other patterns need a data/ folder or these file names.
+SPLIT_WORDS = ("train", "val", "dev", "test")
+SPECIAL_NAMES = ("data", "task.toml", "instruction.md")
+
+
+def unsplit_files(folder: Path) -> dict[str, str] | None:
+    """{'train': '**'}, datasets' own answer for a folder in which no file or folder is named for a split, found in
+    one walk; None (datasets infers the splits) where a name might hold a split. datasets globs the whole tree once
+    per pattern it tries, 66 times before it settles on '**': 1.9 s for the 1,797 digits, 26 s for 20,000 files,
+    every run and every rank."""
+    for root, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            if any(word in name.lower() for word in SPLIT_WORDS) or name in SPECIAL_NAMES:
+                return None
+    return {"train": "**"}
+
+
 @functools.cache
 def image_suffixes() -> frozenset[str]:
     """The file suffixes datasets' imagefolder reads as images (.png, .jpg, ...), lower case."""
@@ -181,7 +199,10 @@ def read_dataset(name: str, streaming: bool = False, folder=None):
             if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
                 return datasets.load_from_disk(str(path)), str(path)
             if folder or ImageFolder.scan(name):  # by its images, not by its most common suffix (a stray notes.txt)
-                return datasets.load_dataset("imagefolder", data_dir=str(path), streaming=streaming), str(path)
+                files = unsplit_files(path)
+                return datasets.load_dataset(
+                    "imagefolder", data_dir=str(path), data_files=files, streaming=streaming
+                ), str(path)
             return datasets.load_dataset(str(path), streaming=streaming), str(path)
         if path.is_file():
             builder = FILE_BUILDERS.get(path.suffix.lower())
