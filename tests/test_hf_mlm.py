@@ -78,9 +78,9 @@ def test_adapting_the_bert_lowers_its_perplexity_and_transformers_loads_it(folde
     forward = lambda m, inputs, targets: m(**inputs)  # noqa: E731 - as the loop calls it, without the labels
     start = evaluate(before, make_loader(data.test, cfg, shuffle=False), task, forward=forward)
     run_dir = tmp_path / "run"
-    summary = in_process(run_dir, *args(folders, "--lr", "3e-3", "--epochs", "6", "--batch-size", "16"))
+    summary = in_process(run_dir, *args(folders, "--lr", "3e-3", "--epochs", "4", "--batch-size", "16"))
     assert summary["task"] == "mlm" and summary["masking"].startswith("DataCollatorForLanguageModeling")
-    # measured 414.9 -> 36.1 in 6 epochs (the validation loss flat from the 5th; 10 epochs before)
+    # measured 414.9 -> 36.8 in 4 epochs (the validation loss nearly flat from the 2nd)
     assert summary["test_perplexity"] < start["perplexity"] / 5, (start["perplexity"], summary["test_perplexity"])
     print(f"test perplexity before {start['perplexity']:.1f}, after {summary['test_perplexity']:.1f}")
     adapted = AutoModelForMaskedLM.from_pretrained(run_dir / "hf").eval()

@@ -81,7 +81,7 @@ def test_the_bert_learns_the_tags_and_predict_gives_what_transformers_loads(fold
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
     run_dir = tmp_path / "run"
-    flags = [*TAG[len(SPLIT) :], "--lr", "3e-3", "--epochs", "8", "--batch-size", "32"]
+    flags = [*TAG[len(SPLIT) :], "--lr", "3e-3", "--epochs", "4", "--batch-size", "32"]
     summary = in_process(run_dir, "--model", f"hf:{folders['bert']}", "--dataset", str(folders["more"]), *flags)
     assert summary["task"] == "tag" and summary["task_reason"] == "--task tag"
     assert summary["test_f1"] >= 0.9 and summary["test_accuracy"] >= 0.97, (

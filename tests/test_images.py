@@ -93,7 +93,7 @@ def test_rgb_images_of_mixed_sizes_are_resized_and_a_parquet_image_column_trains
         image_size=16,
         augment=[],
         hidden_sizes=[128],
-        epochs=8,
+        epochs=4,
         progress=False,
         output_dir=str(tmp_path / "rgb_run"),
     )
@@ -101,19 +101,19 @@ def test_rgb_images_of_mixed_sizes_are_resized_and_a_parquet_image_column_trains
     assert (
         summary["num_workers"] == auto_image_workers() == (1 if len(os.sched_getaffinity(0)) > 1 else 0)
     )  # auto: one thread computes, a worker decodes
-    assert summary["test_accuracy"] > 0.8, summary["test_accuracy"]  # measured 0.93
+    assert summary["test_accuracy"] > 0.8, summary["test_accuracy"]  # measured 0.92
     table = write_image_parquet(tmp_path / "digits.parquet", size=8, mode="L", count=900)
     summary = anytrain.train(
         dataset=str(table),
         model="cnn",
         channels=[16],
         augment=[],
-        epochs=8,
+        epochs=4,
         progress=False,
         output_dir=str(tmp_path / "pq_run"),
     )
     assert summary["image_mode"] == "L" and summary["image_size"] == 8 and summary["model"] == "cnn"
-    assert summary["test_accuracy"] > 0.8, summary["test_accuracy"]  # measured 0.96
+    assert summary["test_accuracy"] > 0.8, summary["test_accuracy"]  # measured 0.92
     rows = predict(
         str(tmp_path / "pq_run"), str(table)
     )  # new images go through the run's own conversion and normalisation
