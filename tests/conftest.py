@@ -32,16 +32,16 @@ pytest_plugins = ["launch_rule", "pytester"]
 
 # `make check` runs the in-process suite on two pytest-xdist workers, a file to a worker (its module fixtures
 # train once). The files that take longest go out first, so that the two end together: from `--durations`, one
-# thread, in seconds of CPU: about 55, 45, 35, 30, 25, 25, 20, 15; every other file under 15.
+# thread, in seconds: about 44, 23, 23, 20, 17, 15, 13, 13; every other file under 11.
 SLOWEST_FILES = (
     "test_sft.py",
-    "test_hf_seq2seq.py",
-    "test_lm.py",
     "test_images.py",
-    "test_speakers.py",
-    "test_hf_image.py",
     "test_dpo.py",
+    "test_lm.py",
     "test_llm.py",
+    "test_hf_seq2seq.py",
+    "test_hf_image.py",
+    "test_speakers.py",
 )
 
 
