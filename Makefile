@@ -28,10 +28,10 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy src/anytrain
 
-# The suite in two speeds (docs/guide.md, Tests). `make check`, the fast one: lint and types, then every in-process
+# The suite in two speeds (docs/guide.md, Tests). `make check`, the fast one: ruff, then mypy beside every in-process
 # test, i.e. all but those marked `launch` (they start processes; tests/launch_rule.py fails one that is not marked),
 # on CHECK_WORKERS pytest-xdist workers, a file to a worker, each test on one torch thread (tests/conftest.py).
-# `make test`: the same, then the launching tests one at a time (each launch keeps every core busy); what CI runs
+# `make test`: lint, the same tests, then the launching tests one at a time (each launch keeps every core busy); what CI runs
 # (.ci/run). pytest's exit status 5 (nothing selected, e.g. PYTEST_ARGS names a file without launches) is no failure.
 CHECK_WORKERS ?= 2
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
