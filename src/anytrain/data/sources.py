@@ -196,14 +196,7 @@ def read_dataset(name: str, streaming: bool = False, folder=None):
     path = Path(name).expanduser()
     try:
         if path.is_dir():
-            if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
-                return datasets.load_from_disk(str(path)), str(path)
-            if folder or ImageFolder.scan(name):  # by its images, not by its most common suffix (a stray notes.txt)
-                files = unsplit_files(path)
-                return datasets.load_dataset(
-                    "imagefolder", data_dir=str(path), data_files=files, streaming=streaming
-                ), str(path)
-            return datasets.load_dataset(str(path), streaming=streaming), str(path)
+            return read_folder(path, streaming, folder), str(path)
         if path.is_file():
             builder = FILE_BUILDERS.get(path.suffix.lower())
             if builder is None:
@@ -230,6 +223,20 @@ def read_dataset(name: str, streaming: bool = False, folder=None):
         raise ConfigError(
             f"--dataset: '{name}' is not a local file or folder, and loading it from the hub failed: {first_line(e)}"
         ) from None
+
+
+def read_folder(path: Path, streaming: bool, folder=None):
+    """A folder: saved with save_to_disk, of images (by its images, not by its most common suffix: a stray notes.txt
+    does not make it text), or of data files datasets reads."""
+    import datasets
+
+    if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
+        return datasets.load_from_disk(str(path))
+    if folder or ImageFolder.scan(str(path)):
+        return datasets.load_dataset(
+            "imagefolder", data_dir=str(path), data_files=unsplit_files(path), streaming=streaming
+        )
+    return datasets.load_dataset(str(path), streaming=streaming)
 
 
 def check_utf8(path: Path, name: str, chunk: int = 2**20) -> None:
