@@ -20,11 +20,20 @@ from conftest import kill_and_resume, launch, max_abs_diff, read_metrics, read_s
 from hfchecks import in_process
 from hfmodels import tiny_bert_mlm, tiny_llama
 
-from anytrain import load_model
+from anytrain import lmhead, load_model
 from anytrain.config import ConfigError
+from anytrain.tasks.causal_lm.generation import (
+    NoisyScores,
+    Sampling,
+    completion_keys,
+    generate,
+    gumbel,
+    left_padded,
+    read_back,
+)
+from anytrain.tasks.causal_lm.logprobs import completion_logps
 from anytrain.tasks.grpo import loss as objective
 from anytrain.tasks.grpo.rewards import Reward, load_rewards, scores, total
-from anytrain.tasks.grpo.rollout import NoisyScores, completion_keys, generate, gumbel, read_back, token_logps
 
 transformers = pytest.importorskip("transformers")
 
@@ -78,6 +87,7 @@ def folders(tmp_path_factory):
 def model(folders):
     m = transformers.AutoModelForCausalLM.from_pretrained(folders["model"])
     m.config.use_cache = False  # as anytrain trains it: generate turns its cache on itself
+    lmhead.install(m)  # the per-token log-probabilities, as anytrain builds a causal LM
     return m
 
 
@@ -89,9 +99,6 @@ def args(folders, *flags: str) -> list[str]:
     ]  # fmt: skip
 
 
-SETTINGS = {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "pad": 0}
-
-
 def prompts_of(folders, count: int) -> list[list[int]]:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folders["model"])
     out = []
@@ -101,10 +108,10 @@ def prompts_of(folders, count: int) -> list[list[int]]:
     return out
 
 
-def settings(folders) -> dict:
+def settings(folders) -> Sampling:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folders["model"])
     pad = tokenizer.eos_token_id  # as anytrain pads a tokenizer without a pad token
-    return {**SETTINGS, "stops": [tokenizer.convert_tokens_to_ids("<|im_end|>")], "pad": pad}
+    return Sampling(6, (tokenizer.convert_tokens_to_ids("<|im_end|>"),), pad)
 
 
 # --------------------------------------------------------------------------- sampling and masks
@@ -130,14 +137,16 @@ def test_gumbel_noise_samples_the_tempered_softmax_within_the_nucleus():
     picks = (logits / 0.7 + gumbel(keys, 5, 4)).argmax(1)
     frequencies = torch.bincount(picks, minlength=4).float() / len(keys)
     assert torch.allclose(frequencies, (logits / 0.7).softmax(0), atol=0.01), frequencies
-    nucleus = NoisyScores(keys, 0, 1.0, 0.7)(torch.zeros(len(keys), 5), logits.expand(len(keys), 4)).argmax(1)
-    assert set(nucleus.tolist()) == {0, 1}  # softmax 0.64, 0.24: the smallest set of mass 0.7 is tokens 0 and 1
+    scores = NoisyScores(keys, 0, Sampling(1, (0,), 0, top_p=0.7))(
+        torch.zeros(len(keys), 5), logits.expand(len(keys), -1)
+    )
+    assert set(scores.argmax(1).tolist()) == {0, 1}  # softmax 0.64, 0.24: the smallest set of mass 0.7 is tokens 0, 1
 
 
 def test_a_completion_ends_at_its_first_stop_and_the_rest_is_padding():
     width, stop, pad = 2, 9, 0
     out = torch.tensor([[5, 6, 1, 9, 4, 9], [0, 6, 1, 2, 3, 4]])  # row 0 stops at its 2nd token; row 1 never
-    done = read_back(out, torch.tensor([[1, 1], [0, 1]]), width, {"max_new_tokens": 4, "stops": [stop], "pad": pad})
+    done = read_back(out, torch.tensor([[1, 1], [0, 1]]), width, Sampling(4, (stop,), pad))
     assert done.completion.tolist() == [[True, True, False, False], [True, True, True, True]]
     assert done.truncated.tolist() == [False, True] and done.completion_ids() == [[1, 9], [1, 2, 3, 4]]
     assert done.ids[0].tolist() == [5, 6, 1, 9, pad, pad]  # what followed the stop is padding
@@ -149,17 +158,15 @@ def test_training_reads_the_log_probabilities_generate_sampled_from(folders, mod
     """Greedy completions of left-padded prompts: each token's log-probability in the training forward (positions
     from the mask, as generate counts them) equals generate's own scores for it."""
     prompts, s = prompts_of(folders, 3), settings(folders)
-    from anytrain.tasks.grpo.rollout import left_padded
-
-    ids, mask = left_padded(prompts, s["pad"])
+    ids, mask = left_padded(prompts, s.pad)
     with torch.no_grad():
-        extra = {"eos_token_id": s["stops"], "pad_token_id": s["pad"], "use_cache": True}
+        extra = {"eos_token_id": list(s.stops), "pad_token_id": s.pad, "use_cache": True}
         out = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, return_dict_in_generate=True,
             output_logits=True, **extra,
         )  # fmt: skip
         done = read_back(out.sequences, mask, ids.shape[1], s)
-        ours = token_logps(model, done, lambda inputs: model(**inputs))
+        ours = completion_logps(lambda inputs: model(**inputs), done, 1.0)
     theirs = torch.stack(out.logits, 1).float().log_softmax(-1)
     picked = theirs.gather(-1, done.ids[:, ids.shape[1] :][:, : theirs.shape[1], None]).squeeze(-1)
     keep = done.completion[:, : theirs.shape[1]]
@@ -193,7 +200,7 @@ def test_the_three_normalisations_count_what_they_say():
 def test_the_ratio_is_clipped_where_it_helps_and_the_kl_is_zero_at_the_reference():
     logps = torch.log(torch.tensor([[1.5, 0.5, 1.0]]))
     old, advantage, keep = torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3)
-    s = {"importance": "token", "epsilon": 0.2, "epsilon_high": 0.0, "kl_beta": 0.1}
+    s = {"importance": "token", "epsilon": 0.2, "epsilon_high": 0.0, "kl_beta": 0.1, "kl_bias_correction": True}
     losses, stats = objective.token_losses(logps, old, logps, advantage, keep, s)
     assert losses.tolist()[0] == pytest.approx([-1.2, -0.5, -1.0])  # 1.5 clipped to 1.2; 0.5 not (min wins)
     assert stats["clipped_high"].item() == 1 and stats["clipped_low"].item() == 0 and stats["kl"].item() == 0

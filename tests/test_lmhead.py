@@ -144,4 +144,7 @@ def test_a_model_whose_logits_are_rescaled_keeps_its_own_loss(pair):
     model = copy.deepcopy(own)
     model.config.final_logit_softcapping = 30.0
     assert lmhead.install(model) == "its logits are rescaled (final_logit_softcapping)"
-    assert "forward" not in vars(model)
+    ids = torch.randint(0, 400, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # given labels, the model's own forward: its own loss from its full (softcapped) logits
+        ours, theirs = model(input_ids=ids, labels=ids), type(model).forward(model, input_ids=ids, labels=ids)
+    assert not isinstance(ours, lmhead.FusedOutput) and torch.equal(ours.loss, theirs.loss)

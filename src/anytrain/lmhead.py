@@ -8,6 +8,12 @@ time and the gradients of the chunk's hidden states and of the output layer are 
 and teacher-forced evaluation); without labels (generation) it is the model's own forward. The loss is the
 model's own: the sum of the next-token cross-entropy over the targets divided by `num_items_in_batch` (else
 their count); evaluation also gets each row's summed loss, targets and correct tokens (`row_stats`).
+
+The same forward is the one contract hook for per-token log-probabilities (tasks/causal_lm/logprobs.py): given
+`labels` and `temperature=T`, it returns `TokenLogps`, each labelled token's log-probability under softmax(logits
+/ T), 0 at every other position, computed the same chunked way (the groups of `ChunkedNLL` one per token). It runs
+inside the model's forward, so DDP's and FSDP's wrappers see it and synchronise its gradients. A model whose logits
+cannot be taken from its output layer (`why_not`) computes them with its own forward and its full logits.
 """
 
 from __future__ import annotations
@@ -177,10 +183,10 @@ def why_not(model: nn.Module) -> str | None:
 
 
 def install(model: nn.Module) -> str | None:
-    """Give the model the fused forward (with labels); returns why it was not (None when it was)."""
+    """Give the model the fused forward (with labels) and the per-token log-probabilities; returns why its loss is
+    not fused (None when it is): then, given labels alone, the model computes its own loss."""
     reason = why_not(model)
-    if reason is None:
-        model.forward = types.MethodType(fused_forward(type(model).forward), model)
+    model.forward = types.MethodType(fused_forward(type(model).forward, fused=reason is None), model)
     return reason
 
 
@@ -211,29 +217,78 @@ def describe_router(model: nn.Module) -> str | None:
     return "its config has output_router_logits off, so no load-balancing loss is added (as its own loss)"
 
 
-def fused_forward(own_forward):
-    def forward(self, *args, labels=None, num_items_in_batch=None, **kwargs):
+@dataclass
+class TokenLogps:
+    """What the forward returns given a temperature: (B, T) float32, aligned with the labels: position t holds the
+    log-probability of labels[:, t] given the tokens before it where it is labelled (not -100), 0 elsewhere (no value
+    there to overflow; position 0 predicts nothing)."""
+
+    logps: torch.Tensor
+    loss: None = None
+    logits: None = None
+
+
+def token_logps(hidden, head: nn.Linear, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+    """TokenLogps' (B, T) from (B, T, H) hidden states and labels: the labelled tokens' log-probabilities under the
+    tempered softmax, through ChunkedNLL with one group per token (each token its own upstream gradient)."""
+    targets = labels[:, 1:]
+    picked = targets != IGNORE
+    h = hidden[:, :-1][picked] / temperature
+    bias = None if head.bias is None else head.bias / temperature
+    count = h.shape[0]
+    groups = torch.arange(count, device=h.device)
+    nll = ChunkedNLL.apply(h, head.weight, bias, targets[picked], groups, count, chunk_tokens(head.weight.shape[0]))
+    logps = torch.zeros(picked.shape, dtype=torch.float32, device=h.device).masked_scatter(picked, -nll)
+    return F.pad(logps, (1, 0))
+
+
+def own_token_logps(logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The same from a model's own (B, T, V) logits (rescaled logits, a sharded output layer), a few rows at a time in
+    float32."""
+    targets, picked = labels[:, 1:], labels[:, 1:] != IGNORE
+    rows = []
+    for start in range(0, len(labels), 8):
+        chunk = logits[start : start + 8, :-1].float() / temperature
+        y = targets[start : start + 8].clamp(min=0)
+        logps = chunk.gather(-1, y[..., None]).squeeze(-1) - chunk.logsumexp(-1)
+        rows.append(logps.masked_fill(~picked[start : start + 8], 0.0))
+    return F.pad(torch.cat(rows), (1, 0))
+
+
+def fused_forward(own_forward, fused: bool = True):
+    def forward(self, *args, labels=None, num_items_in_batch=None, temperature=None, **kwargs):
         if labels is None:
             return own_forward(self, *args, **kwargs)
-        backbone = getattr(self, self.base_model_prefix)
-        router = routes(self, kwargs)
-        outputs = backbone(
-            *args, **{**kwargs, "use_cache": False, **({"output_router_logits": True} if router else {})}
-        )
-        hidden = outputs.last_hidden_state[:, :-1]
-        targets = labels[:, 1:]  # position t predicts token t + 1
-        head = self.get_output_embeddings()
-        chunk = chunk_tokens(head.weight.shape[0])
-        if not torch.is_grad_enabled():
-            stats = row_stats(hidden, head.weight, head.bias, targets, chunk)
-            count = stats["tokens"].sum().clamp(min=1)
-            return FusedOutput(stats["token_loss"].sum() / count, stats)
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        total = ChunkedNLL.apply(flat, head.weight, head.bias, targets.reshape(-1), None, 1, chunk)
-        count = num_items_in_batch if num_items_in_batch is not None else (targets != IGNORE).sum().clamp(min=1)
-        loss = total / count
-        if router:
-            loss = loss + router_loss(self, outputs, kwargs.get("attention_mask"))
-        return FusedOutput(loss)
+        if temperature is not None:  # the per-token log-probabilities (TokenLogps)
+            if not fused:
+                logits = own_forward(self, *args, **{**kwargs, "use_cache": False}).logits
+                return TokenLogps(own_token_logps(logits, labels, temperature))
+            hidden = getattr(self, self.base_model_prefix)(*args, **{**kwargs, "use_cache": False}).last_hidden_state
+            return TokenLogps(token_logps(hidden, self.get_output_embeddings(), labels, temperature))
+        if not fused:
+            return own_forward(self, *args, labels=labels, num_items_in_batch=num_items_in_batch, **kwargs)
+        return fused_loss(self, args, labels, num_items_in_batch, kwargs)
 
     return forward
+
+
+def fused_loss(self, args: tuple, labels: torch.Tensor, num_items_in_batch, kwargs: dict) -> FusedOutput:
+    """The fused loss of a labelled batch (module docstring); in evaluation also each row's statistics."""
+    backbone = getattr(self, self.base_model_prefix)
+    router = routes(self, kwargs)
+    outputs = backbone(*args, **{**kwargs, "use_cache": False, **({"output_router_logits": True} if router else {})})
+    hidden = outputs.last_hidden_state[:, :-1]
+    targets = labels[:, 1:]  # position t predicts token t + 1
+    head = self.get_output_embeddings()
+    chunk = chunk_tokens(head.weight.shape[0])
+    if not torch.is_grad_enabled():
+        stats = row_stats(hidden, head.weight, head.bias, targets, chunk)
+        count = stats["tokens"].sum().clamp(min=1)
+        return FusedOutput(stats["token_loss"].sum() / count, stats)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    total = ChunkedNLL.apply(flat, head.weight, head.bias, targets.reshape(-1), None, 1, chunk)
+    count = num_items_in_batch if num_items_in_batch is not None else (targets != IGNORE).sum().clamp(min=1)
+    loss = total / count
+    if router:
+        loss = loss + router_loss(self, outputs, kwargs.get("attention_mask"))
+    return FusedOutput(loss)

@@ -100,7 +100,9 @@ class Transformers(Task):
         why = lmhead.install(model)
         if why is None:
             chunk = lmhead.chunk_of(model)
-            self.say(f"the loss is taken from the output layer {chunk} tokens at a time (no full logits)")
+            self.say(
+                f"the loss and log-probabilities come from the output layer {chunk} tokens at a time (no full logits)"
+            )
         else:
             self.say(f"the model computes its own loss from its full logits: {why}")
         router = lmhead.describe_router(model)

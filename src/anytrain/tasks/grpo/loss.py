@@ -6,8 +6,11 @@ by the group's standard deviation (--scale-rewards group), the whole step's (bat
 
 Per token: -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A), r = exp(log pi - log pi_old) the importance
 ratio, per token or, for GSPO (--importance sequence), exp of the completion's mean log-ratio for all its tokens;
-plus --kl-beta x (exp(q) - q - 1), q = log pi_ref - log pi (the k3 estimate of the KL to the reference). With one
-update per rollout pi_old is pi itself (detached): r = 1, and the gradient is the policy gradient.
+plus --kl-beta x r x (exp(q) - q - 1), q = log pi_ref - log pi (the k3 estimate of the KL to the reference, times
+the importance ratio: TRL 1.16's use_bias_correction_kl, whose gradient is the unbiased reverse-KL gradient; without
+r with --no-kl-bias-correction). With one update per rollout pi_old is pi itself (detached): r = 1 in value, and the
+gradient is the policy gradient. Every log-probability is under softmax(logits / --temperature), the policy that
+sampled (tasks/causal_lm/logprobs.py); positions after a completion's stop hold 0, so nothing there overflows.
 
 Averaged over the optimizer step (--grpo-loss): dapo, the sum over every counted completion token of the step; grpo,
 each completion's mean over its tokens, summed over completions; dr_grpo, the sum over tokens; each divided by the
@@ -63,8 +66,10 @@ def token_losses(logps, old, ref, advantage, keep, settings: dict) -> tuple[torc
     if settings["kl_beta"] > 0:
         q = ref - logps
         kl = q.exp() - q - 1
-        losses = losses + settings["kl_beta"] * kl
         stats["kl"] = (kl * keep).sum().detach()
+        if settings["kl_bias_correction"]:
+            kl = kl * ratio
+        losses = losses + settings["kl_beta"] * kl
     return losses, stats
 
 

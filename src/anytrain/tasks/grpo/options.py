@@ -56,6 +56,12 @@ class GRPOOptions:
         "model with its adapter off (--lora-r), else a frozen copy of the starting model",
         bounds="[0, inf)",
     )
+    kl_bias_correction: bool = option(
+        True,
+        "grpo: the KL term multiplied by the importance ratio, so that its gradient is the unbiased reverse-KL "
+        "gradient (TRL 1.16's default, use_bias_correction_kl; DeepSeek-V3.2); --no-kl-bias-correction: the k3 "
+        "estimate alone (TRL before 1.16)",
+    )
     grpo_iterations: int = option(
         1, "grpo: optimizer steps on each rollout (TRL's num_iterations, mu)", bounds=POSITIVE
     )

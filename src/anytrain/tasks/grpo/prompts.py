@@ -123,20 +123,25 @@ def prompt_text(tokenizer, prompt, where: str) -> str:
     return render(tokenizer, prompt, True)
 
 
-def prompt_rows(ds, tokenizer, source: str, split: str, room: int) -> PromptRows:
-    """A split's prompts tokenised as generation reads them (a chat's special tokens are the template's); a prompt
-    longer than `room` tokens (the model's positions less --max-new-tokens) keeps its last `room`."""
+def prompt_rows(ds, tokenizer, source: str, split: str, room: tuple[int, str]) -> PromptRows:
+    """A split's prompts tokenised as generation reads them (a chat's special tokens are the template's), each whole:
+    a prompt longer than `room` (the most tokens a prompt may have, and why) is refused, naming the longest."""
     ids, prompts = [], []
     for index, row in enumerate(ds):
         text = prompt_text(tokenizer, row[PROMPT], f"--dataset: row {index} of the {split} split of {source}")
-        tokens = tokenizer(text, add_special_tokens=isinstance(row[PROMPT], str)).input_ids
-        ids.append(tokens[-room:] if room > 0 else tokens)
+        ids.append(tokenizer(text, add_special_tokens=isinstance(row[PROMPT], str)).input_ids)
         prompts.append(row[PROMPT])
+    longest = max(range(len(ids)), key=lambda k: len(ids[k]), default=None)
+    if longest is not None and len(ids[longest]) > room[0]:
+        raise ConfigError(
+            f"--dataset: row {longest} of the {split} split of {source} has a prompt of {len(ids[longest])} tokens, "
+            f"more than the {room[0]} a prompt may have ({room[1]}); prompts are never cut"
+        )
     columns = {name: list(ds[name]) for name in ds.column_names if name != PROMPT}
     return PromptRows(ids, prompts, columns, split)
 
 
-def load_prompts(cfg: TrainConfig, tokenizer, given, room: int) -> tuple[dict[str, PromptRows], str, bool]:
+def load_prompts(cfg: TrainConfig, tokenizer, given, room: tuple[int, str]) -> tuple[dict[str, PromptRows], str, bool]:
     """({split: PromptRows}, source, whether the prompts are chats): read, checked, carved, tokenised."""
     splits, source = opened(cfg, given)
     train = splits["train"]

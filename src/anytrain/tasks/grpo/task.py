@@ -1,6 +1,6 @@
 """grpo: online reinforcement learning with verifiable rewards (GRPO and its variants: Dr. GRPO, DAPO, GSPO) for a
 transformers causal LM. Each optimizer step, every process answers its --batch-size prompts --num-generations
-times (tasks/grpo/rollout.py: the model's own generate, reproducible sampling), scores every completion with the
+times (tasks/causal_lm/generation.py: the model's own generate, reproducible sampling), scores every completion with the
 --reward functions (tasks/grpo/rewards.py), turns the rewards into advantages within each prompt's group, and
 trains on the completions' tokens with the clipped importance ratio (tasks/grpo/loss.py), in --grad-accum-steps
 micro-batches, for --grpo-iterations steps per rollout. The loop is the one every task trains through: this
@@ -26,6 +26,8 @@ from ...best import HIGHER, LOWER
 from ...config import ConfigError, TrainConfig
 from ...data.splits import Splits
 from ...shape import DataShape
+from ..causal_lm.generation import Completions, Sampling, completion_keys, generate, model_eos, stop_ids
+from ..causal_lm.logprobs import completion_logps
 from ..contract import RunContext
 from ..hf_sft import SupervisedFineTuning
 from . import loss as objective
@@ -33,7 +35,6 @@ from .figures import Figures
 from .options import GRPOOptions
 from .prompts import RolloutSlots, Slot, is_prompts, load_prompts
 from .rewards import load_rewards, scores, total
-from .rollout import Completions, completion_keys, generate, token_logps
 
 SPLIT_KEYS = {"train": 0, "validation": 1, "test": 2}
 
@@ -104,9 +105,9 @@ class GroupRelative(SupervisedFineTuning):
         room = positions - self.o.max_new_tokens
         if room < 1:
             raise ConfigError(f"--max-new-tokens {self.o.max_new_tokens}: the model has {positions} positions")
-        rows, source, chats = load_prompts(self.cfg, self.tokenizer, given, min(room, self.cfg.data.max_length))
+        rows, source, chats = load_prompts(self.cfg, self.tokenizer, given, self.prompt_room(positions))
         self.prompts = rows  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
-        self.stops = end_tokens(self.tokenizer, chats)
+        self.stops = stop_ids(self.tokenizer, model_eos(self.cfg, self.model_config), chats)
         train = RolloutSlots(rows["train"], self.cfg, PartialState().num_processes)
         shape = DataShape(
             "tokens", vocab_size=len(self.tokenizer), max_length=positions, pad_id=self.tokenizer.pad_token_id
@@ -118,18 +119,14 @@ class GroupRelative(SupervisedFineTuning):
                               metadata=meta, tokenizer=self.tokenizer)  # fmt: skip
         return self.data
 
-    def build_model(self, given=None) -> nn.Module:
-        """The causal LM (its own forward: grpo gives it no labels), with LoRA adapters and gradient checkpointing
-        where asked."""
-        from ... import hf, lora
-
-        model = hf.load_model(self.cfg, self.head, self.model_config)
-        self.use_cache, model.config.use_cache = model.config.use_cache, False  # restored for the exported model
-        if self.cfg.model.gradient_checkpointing:
-            hf.checkpoint_activations(model)
-        if self.cfg.model.lora_r:
-            model = lora.wrap(model, lora.settings(self.cfg), self.head.auto_class, self.say)
-        return model
+    def prompt_room(self, positions: int) -> tuple[int, str]:
+        """The most tokens a prompt may have, and why: the model's positions less --max-new-tokens, or --max-length
+        where it is given and smaller."""
+        room = (positions - self.o.max_new_tokens, f"the model's {positions} positions less --max-new-tokens "
+                f"{self.o.max_new_tokens}")  # fmt: skip
+        if "max_length" in self.cfg.given and self.cfg.data.max_length < room[0]:
+            return self.cfg.data.max_length, f"--max-length {self.cfg.data.max_length}"
+        return room
 
     def on_run_start(self, ctx: RunContext) -> None:
         """The start-up line; with --kl-beta and full fine-tuning, a frozen copy of the starting model."""
@@ -156,7 +153,7 @@ class GroupRelative(SupervisedFineTuning):
         rollout = self.rollout
         index = rollout.micro_batch(slot.micro, self.cfg.optim.grad_accum_steps)
         rows = rollout.rows.rows(index)
-        logps = token_logps(ctx.model, rows, ctx.forward)
+        logps = completion_logps(ctx.forward, rows, self.o.temperature)
         old = logps.detach() if rollout.old is None else rollout.old[index]
         ref = None if rollout.ref is None else rollout.ref[index]
         keep = rollout.keep[index]
@@ -167,7 +164,8 @@ class GroupRelative(SupervisedFineTuning):
 
     def settings(self) -> dict:
         o = self.o
-        return {"importance": o.importance, "epsilon": o.epsilon, "epsilon_high": o.epsilon_high, "kl_beta": o.kl_beta}
+        return {"importance": o.importance, "epsilon": o.epsilon, "epsilon_high": o.epsilon_high, "kl_beta": o.kl_beta,
+                "kl_bias_correction": o.kl_bias_correction}  # fmt: skip
 
     def roll_out(self, ctx: RunContext, slot: Slot) -> Rollout:
         """Generate, score, advantages, the step's count; the old and reference log-probabilities where needed."""
@@ -187,26 +185,32 @@ class GroupRelative(SupervisedFineTuning):
         count = accelerator.reduce(objective.step_count(keep, self.o.grpo_loss, self.o.max_new_tokens), "sum")
         share = count.item() / (accelerator.num_processes * self.cfg.optim.grad_accum_steps) or 1.0
         with torch.no_grad(), accelerator.autocast():
-            old = token_logps(model, done, lambda inputs: model(**inputs)) if self.o.grpo_iterations > 1 else None
+            old = self.rollout_logps(model, done) if self.o.grpo_iterations > 1 else None
             ref = self.reference_logps(model, done) if self.o.kl_beta > 0 else None
         names = [r.name for r in self.rewards]
         self.figures.add_rollout(accelerator, table.to(accelerator.device), reward, done, self.o.num_generations, names)
         self.figures.generating += time.perf_counter() - started
         return Rollout(done, advantage, keep, old, ref, share)
 
+    def rollout_logps(self, model: nn.Module, done: Completions) -> torch.Tensor:
+        """The rollout's per-token log-probabilities under `model` (no gradients), a micro-batch of completions at a
+        time: the peak is one micro-batch's, as in training."""
+        count = self.cfg.optim.grad_accum_steps
+        pieces = torch.tensor_split(torch.arange(len(done.ids)), count)
+        call = lambda inputs: model(**inputs)  # noqa: E731 - the bare model: no gradients, no wrappers
+        return torch.cat([completion_logps(call, done.rows(index), self.o.temperature) for index in pieces])
+
     def reference_logps(self, model: nn.Module, done: Completions) -> torch.Tensor:
         """The reference's per-token log-probabilities: the frozen starting model, or the model with its adapter off
         (LoRA: its weights as they were loaded)."""
-        frozen = self.frozen
-        if frozen is not None:
-            return token_logps(frozen, done, lambda inputs: frozen(**inputs))
+        if self.frozen is not None:
+            return self.rollout_logps(self.frozen, done)
         with cast(Any, model).disable_adapter():
-            return token_logps(model, done, lambda inputs: model(**inputs))
+            return self.rollout_logps(model, done)
 
-    def sampling(self) -> dict:
+    def sampling(self) -> Sampling:
         o = self.o
-        return {"max_new_tokens": o.max_new_tokens, "temperature": o.temperature, "top_p": o.top_p,
-                "stops": self.stops, "pad": self.tokenizer.pad_token_id}  # fmt: skip
+        return Sampling(o.max_new_tokens, tuple(self.stops), self.tokenizer.pad_token_id, o.temperature, o.top_p)
 
     def score(self, done: Completions, rows: list[int], split: str, per_row: int | None = None) -> torch.Tensor:
         """(completions, functions) rewards of the completions of `rows` (each `per_row` times, default G)."""
@@ -291,20 +295,3 @@ class GroupRelative(SupervisedFineTuning):
             "grpo_loss": o.grpo_loss,
             **rewards,
         }
-
-
-def end_tokens(tokenizer, chats: bool) -> list[int]:
-    """Where a completion stops: the end-of-text token, and for chats the special tokens the template closes an
-    assistant turn with (its end-of-turn)."""
-    from ..hf_sft.chats import render
-
-    stops = {tokenizer.eos_token_id} - {None}
-    if chats:
-        asked = [{"role": "user", "content": "2 + 2?"}]
-        before = render(tokenizer, asked, True)
-        after = render(tokenizer, [*asked, {"role": "assistant", "content": "4"}])[len(before) :]
-        special = set(tokenizer.all_special_ids)
-        stops |= {t for t in tokenizer(after, add_special_tokens=False).input_ids if t in special}
-    if not stops:
-        raise ConfigError("--model: its tokenizer has no end-of-text token, where a completion would stop")
-    return sorted(stops)

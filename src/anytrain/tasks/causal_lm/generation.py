@@ -1,0 +1,212 @@
+"""Generation for a transformers causal LM, the one way every causal-LM task generates (grpo's rollouts, sft's and
+dpo's evaluation answers, `anytrain sample`): prompts padded on the left, the key-value cache on, evaluation mode,
+no gradients, stopping at any of the stop ids (`stop_ids`: the tokenizer's end of text, the model's generation
+config's end ids, a chat template's end of turn) or after `max_new_tokens`.
+
+The sampling config is complete: the model's own generation config (a repetition penalty, no_repeat_ngram_size,
+top_k in its generation_config.json) changes nothing, so what is sampled is softmax(logits / temperature) within the
+top-k and the nucleus, the very distribution grpo's log-probabilities are taken under.
+
+Sampling is reproducible by construction: generate picks, at each step, the most likely token after Gumbel noise is
+added to the tempered, filtered scores (the Gumbel-max trick: a sample from the softmax), and the noise of a
+completion's token is a hash of (the completion's key, its position, the token), not a draw from a generator. A
+completion is therefore the same whichever process, batch or resumed run samples it: 1 rank equals 2, gradient
+accumulation equals one big batch, and a killed run resumes bit for bit. Without keys, generation is greedy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from ...config import ConfigError
+
+MASK32 = 0xFFFFFFFF
+
+
+def mul32(x: torch.Tensor, m: int) -> torch.Tensor:
+    """(x * m) mod 2**32 for int64 x in [0, 2**32), in int64 without overflow (m split into 16-bit halves)."""
+    low, high = m & 0xFFFF, m >> 16
+    return (x * low + (((x * high) & 0xFFFF) << 16)) & MASK32
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (murmur3's finaliser) of int64 values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def completion_keys(seed: int, split: int, epoch: int, rows: torch.Tensor, generations: int) -> torch.Tensor:
+    """One key per completion, (rows x generations), in [0, 2**32): a function of the run's seed, the split, the
+    epoch, the prompt's row and which of its completions."""
+    k = torch.arange(generations, dtype=torch.int64)
+    x = mix32(torch.full_like(rows, (seed * 7919 + split * 104729) & MASK32) ^ (rows.long() & MASK32))
+    x = mix32(x ^ (epoch & MASK32))
+    return mix32(x.repeat_interleave(generations) ^ k.repeat(len(rows)))
+
+
+def gumbel(keys: torch.Tensor, position: int, vocabulary: int) -> torch.Tensor:
+    """(len(keys), vocabulary) float32 Gumbel noise, a function of each key, the position and the token id."""
+    tokens = torch.arange(vocabulary, dtype=torch.int64, device=keys.device)
+    x = mix32(mix32(keys[:, None] ^ (position & MASK32)) ^ tokens[None, :])
+    x = mix32(x ^ 0x9E3779B9)
+    uniform = (x.double() + 0.5) / 2.0**32  # in (0, 1)
+    return (-torch.log(-torch.log(uniform))).float()
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a generate call samples: up to `max_new_tokens`, from softmax(logits / temperature) within the `top_k`
+    most likely tokens (0: all) and the nucleus of probability `top_p`, stopping at any of `stops`; `pad` fills the
+    rows."""
+
+    max_new_tokens: int
+    stops: tuple[int, ...]
+    pad: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+class NoisyScores:
+    """The logits processor of the generate call: temperature, top-k, top-p, then each row's Gumbel noise."""
+
+    def __init__(self, keys: torch.Tensor, start: int, sampling: Sampling):
+        self.keys, self.start = keys, start
+        self.temperature, self.top_p, self.top_k = sampling.temperature, sampling.top_p, sampling.top_k
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.float() / self.temperature
+        if 0 < self.top_k < scores.shape[-1]:
+            kth = scores.topk(self.top_k, -1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.top_p < 1.0:
+            ordered, order = scores.sort(-1, descending=True)
+            before = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1)  # probability of the tokens before each
+            drop = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, order, before >= self.top_p)
+            scores = scores.masked_fill(drop, float("-inf"))
+        noise = gumbel(self.keys.to(scores.device), input_ids.shape[1] - self.start, scores.shape[-1])
+        return scores + noise
+
+
+@dataclass
+class Completions:
+    """A batch of prompts and their completions as the model reads them back: `ids` the prompt (padded on the left
+    to `width`) then the completion (padded on the right), `mask` their real tokens (the completion up to and with
+    its stop token), `positions` each token's position; `completion` marks the completion's counted tokens,
+    `truncated` the completions that reached --max-new-tokens without a stop."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    completion: torch.Tensor
+    truncated: torch.Tensor
+    width: int
+
+    def rows(self, index: slice | torch.Tensor) -> Completions:
+        return Completions(
+            self.ids[index], self.mask[index], self.positions[index], self.completion[index], self.truncated[index],
+            self.width,
+        )  # fmt: skip
+
+    def completion_ids(self) -> list[list[int]]:
+        return [row[keep].tolist() for row, keep in zip(self.ids[:, self.width :], self.completion)]
+
+
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for k, prompt in enumerate(prompts):
+        ids[k, width - len(prompt) :], mask[k, width - len(prompt) :] = torch.tensor(prompt), 1
+    return ids, mask
+
+
+def stop_ids(tokenizer, model_eos, chats: bool) -> list[int]:
+    """Where a completion stops (as TRL's GRPOTrainer): the tokenizer's end-of-text token, the model's generation
+    config's eos_token_id (an id or a list), and for chats the special tokens the template closes an assistant turn
+    with (its end of turn)."""
+    from ..hf_sft.chats import render
+
+    stops = {tokenizer.eos_token_id} | set(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos])
+    stops -= {None}
+    if chats:
+        asked = [{"role": "user", "content": "2 + 2?"}]
+        before = render(tokenizer, asked, True)
+        after = render(tokenizer, [*asked, {"role": "assistant", "content": "4"}])[len(before) :]
+        special = set(tokenizer.all_special_ids)
+        stops |= {t for t in tokenizer(after, add_special_tokens=False).input_ids if t in special}
+    if not stops:
+        raise ConfigError("--model: its tokenizer has no end-of-text token, where a completion would stop")
+    return sorted(int(t) for t in stops)
+
+
+def model_eos(cfg, config) -> list[int] | int | None:
+    """The end ids of the model's generation config: its generation_config.json's, else those transformers derives
+    from its config (as from_pretrained gives the model)."""
+    from transformers import GenerationConfig
+
+    from ...hf import source_of
+
+    try:
+        return GenerationConfig.from_pretrained(source_of(cfg)).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json: the model's config says it
+        return GenerationConfig.from_model_config(config).eos_token_id
+
+
+def generating_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside its wrappers (peft, accelerate): the one whose generation config counts."""
+    from transformers import GenerationMixin
+
+    return next(m for m in model.modules() if isinstance(m, GenerationMixin) and hasattr(m, "generation_config"))
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompts: list[list[int]], keys: torch.Tensor | None, sampling: Sampling) -> Completions:
+    """Each prompt's completion (keys: one per prompt, sampled; None: greedy) under a complete config: the model's
+    generation config is set aside for the call, so none of its fields fill what this one leaves unset."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    ids, mask = left_padded(prompts, sampling.pad)
+    device = next(model.parameters()).device
+    width, was_training = ids.shape[1], model.training
+    processors = [] if keys is None else [NoisyScores(keys, width, sampling)]
+    config = GenerationConfig(
+        max_new_tokens=sampling.max_new_tokens, do_sample=False, eos_token_id=list(sampling.stops),
+        pad_token_id=sampling.pad, use_cache=True,
+    )  # fmt: skip
+    inner = generating_model(model)
+    own, inner.generation_config = inner.generation_config, GenerationConfig()  # transformers' defaults only
+    model.eval()
+    try:
+        out = cast(Any, model).generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+            logits_processor=LogitsProcessorList(processors),
+        )  # fmt: skip
+    finally:
+        inner.generation_config = own
+        model.train(was_training)
+    return read_back(out, mask.to(device), width, sampling)
+
+
+def read_back(out: torch.Tensor, prompt_mask: torch.Tensor, width: int, sampling: Sampling) -> Completions:
+    """The generated rows as Completions: a completion ends with its first stop token (kept), the rest is padding."""
+    new = out[:, width:]
+    length = sampling.max_new_tokens
+    if new.shape[1] < length:  # every row stopped early: generate ends the batch there
+        pad = torch.full((len(new), length - new.shape[1]), sampling.pad, dtype=new.dtype, device=new.device)
+        new = torch.cat([new, pad], 1)
+    is_stop = torch.isin(new, torch.tensor(sampling.stops, device=new.device))
+    after = is_stop.cumsum(1) - is_stop.long()  # stops before each token
+    completion = after == 0  # up to and with the first stop
+    truncated = ~is_stop.any(1)
+    mask = torch.cat([prompt_mask, completion.long()], 1)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    ids = torch.cat([out[:, :width], new.masked_fill(~completion, sampling.pad)], 1)
+    return Completions(ids, mask, positions, completion, truncated, width)

@@ -1,0 +1,163 @@
+"""The causal-LM core (anytrain/tasks/causal_lm/, issue 46) across architectures: per-token log-probabilities at a
+temperature through the chunked output layer equal log_softmax(logits / T) of the full logits, and so do their
+gradients (a rescaled model takes its own logits); padding holds 0, whatever the model thinks of it; generation
+follows its own complete config, whatever the model's generation_config.json says, and stops at every end id the
+model's generation config names."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from hfmodels import gpt2_tokenizer
+from zoo import tiny_causal_lm
+
+from anytrain import lmhead
+from anytrain.shape import IGNORE
+from anytrain.tasks.causal_lm.generation import Sampling, completion_keys, generate, stop_ids
+from anytrain.tasks.causal_lm.logprobs import completion_logps, labels_from
+
+pytest.importorskip("transformers")
+
+# Llama-like, Qwen2 (biases on q/k/v), GPT-2 (learned positions, tied), a mixture of experts, Gemma 2 (softcapped
+# logits: its own forward's logits), Falcon with ALiBi (no position ids)
+ARCHITECTURES = ["llama", "qwen2", "gpt2", "mixtral", "gemma2", "falcon"]
+
+
+def batch(vocabulary: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two left-padded rows (ids, mask, labelled positions): the second row's first 3 tokens are padding."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocabulary, (2, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    learned = torch.zeros_like(ids, dtype=torch.bool)
+    learned[:, 7:] = True  # a completion's positions
+    learned[0, 10:] = False  # its padding after the stop
+    return ids, mask, learned
+
+
+def full_logps(model, ids, mask, learned, temperature: float) -> torch.Tensor:
+    """The reference: the model's own full logits, / T, log_softmax, the labelled tokens picked (float64)."""
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = type(model).forward(model, input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    logps = (logits[:, :-1].double() / temperature).log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(logps * learned[:, 1:], (1, 0))
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_token_log_probabilities_at_a_temperature_are_the_full_logits_and_so_are_their_gradients(name, one_thread):
+    model = tiny_causal_lm(name)
+    model.config.use_cache = False
+    if name == "mixtral":
+        model.config.output_router_logits = False  # the log-probabilities alone, no load-balancing term
+    fused = lmhead.install(model) is None
+    assert fused == (name != "gemma2")  # gemma 2's logits are softcapped: its own forward's
+    reference = copy.deepcopy(model)
+    ids, mask, learned = batch(model.config.vocab_size)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1))
+    for temperature in (1.0, 0.7):
+        model.zero_grad()
+        reference.zero_grad()
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        ours = model(**inputs, labels=labels_from(ids, learned), temperature=temperature).logps
+        theirs = full_logps(reference, ids, mask, learned, temperature)
+        assert ours.shape == ids.shape and ours.dtype == torch.float32
+        assert torch.allclose(ours.double(), theirs, atol=2e-5), (ours - theirs).abs().max()
+        assert (ours[~learned] == 0).all()  # padding and prompt: exactly 0
+        (ours * weights).sum().backward()
+        (theirs * weights).sum().backward()
+        grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters()) if q.grad is not None]
+        assert all(torch.allclose(a, b.float(), atol=2e-5, rtol=1e-3) for a, b in grads), name
+
+
+def test_padding_holds_zero_even_where_the_model_finds_the_pad_token_impossible(one_thread):
+    """A completion's padding gets no log-probability: nothing there for exp() to overflow (grpo's ratio and KL)."""
+    from anytrain.tasks.causal_lm.generation import Completions
+
+    model = tiny_causal_lm("llama")
+    lmhead.install(model)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[0] = -1e4  # the pad token (id 0): log-probability about -1e5
+    ids, mask, learned = batch(model.config.vocab_size)
+    ids[0, 10:] = 0
+    done = Completions(
+        ids, mask, (mask.cumsum(1) - 1).clamp(min=0), learned[:, 7:], torch.zeros(2, dtype=torch.bool), 7
+    )
+    logps = completion_logps(lambda inputs: model(**inputs), done, 0.7)
+    assert logps.shape == (2, 5) and (logps[0, 3:] == 0).all() and torch.isfinite(logps).all()
+    assert (logps[0, :3] < 0).all()
+
+
+# --------------------------------------------------------------------------- generation
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """The same weights saved twice: plainly, and with a generation_config.json that would change every sample."""
+    root = tmp_path_factory.mktemp("causal")
+    tokenizer = gpt2_tokenizer()
+    model = tiny_causal_lm("qwen2", vocab_size=len(tokenizer))
+    plain, loaded = root / "plain", root / "loaded"
+    for folder in (plain, loaded):
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    own = {
+        "do_sample": True,
+        "top_k": 2,
+        "repetition_penalty": 3.0,
+        "no_repeat_ngram_size": 1,
+        "eos_token_id": [0, 7, 9],
+    }
+    (loaded / "generation_config.json").write_text(json.dumps(own))  # as Qwen's and Llama's ship one
+    return {"plain": plain, "loaded": loaded, "tokenizer": tokenizer}
+
+
+def test_the_models_generation_config_changes_nothing_that_is_sampled(folders, one_thread):
+    from transformers import AutoModelForCausalLM
+
+    plain, loaded = (AutoModelForCausalLM.from_pretrained(folders[k]) for k in ("plain", "loaded"))
+    assert loaded.generation_config.repetition_penalty == 3.0  # transformers loaded it
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]] * 2
+    sampling = Sampling(12, (399,), 0, temperature=1.3)  # a stop no completion reaches: every token counts
+    keys = completion_keys(0, 0, 0, torch.arange(4), 2)
+    for k in (keys, None):  # sampled and greedy
+        ours = generate(loaded, prompts, k, sampling).completion_ids()
+        assert ours == generate(plain, prompts, k, sampling).completion_ids()
+        assert any(len(set(c)) < len(c) for c in ours)  # a token repeated: no_repeat_ngram_size 1 was not applied
+    assert loaded.generation_config.repetition_penalty == 3.0  # and the model keeps its own config
+
+
+def test_completions_stop_at_the_end_ids_of_the_models_generation_config(folders):
+    from transformers import AutoConfig
+
+    from anytrain.config import TrainConfig
+    from anytrain.tasks.causal_lm.generation import model_eos
+
+    tokenizer = folders["tokenizer"]
+    for key, expected in (("loaded", [0, 7, 9]), ("plain", [0])):
+        cfg = TrainConfig().replace(model=f"hf:{folders[key]}")
+        eos = model_eos(cfg, AutoConfig.from_pretrained(folders[key]))
+        assert stop_ids(tokenizer, eos, chats=False) == expected
+
+
+def test_labels_from_marks_only_the_learned_positions():
+    ids = torch.tensor([[4, 5, 6]])
+    assert labels_from(ids, torch.tensor([[False, True, True]])).tolist() == [[IGNORE, 5, 6]]
+
+
+def test_a_text_prompt_longer_than_the_model_takes_is_refused_not_cut(tmp_path, capsys):
+    from conftest import run_cli_error
+    from hfmodels import tiny_llama
+
+    model = tiny_llama(tmp_path / "llama")  # 128 positions
+    capsys.readouterr()
+    rows = [{"prompt": "a b c d", "answer": "1"}] * 19 + [{"prompt": " ".join(["word"] * 200), "answer": "2"}]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    flags = ["--model", f"hf:{model}", "--dataset", str(tmp_path / "p.jsonl"), "--reward", "answer",
+             "--max-new-tokens", "16", "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    said = run_cli_error(capsys, flags)
+    assert "has a prompt of" in said and "more than the 112 a prompt may have (the model's 128 positions less " in said
+    assert "prompts are never cut" in said and not (tmp_path / "run").exists()
