@@ -207,10 +207,12 @@ def test_an_explicit_text_prompt_ending_in_a_space_scores_the_answers_first_toke
 
 
 def sequence_log_probs(model, rows, weights: torch.Tensor):
-    """The pairs' table from the model's forward, and the gradients of sum(weights x log-probabilities)."""
+    """The pairs' table through the causal-LM core, and the gradients of sum(weights x log-probabilities)."""
+    from anytrain.tasks.causal_lm.logprobs import sequence_logps
+
     model.zero_grad()
     inputs, _ = rows.__getitems__(list(range(len(rows))))
-    table = model(**inputs)
+    table = sequence_logps(lambda batch: model(**batch), inputs)
     (table[:, 0] * weights).sum().backward()
     return table.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -218,7 +220,7 @@ def sequence_log_probs(model, rows, weights: torch.Tensor):
 def test_fused_log_probabilities_equal_the_full_logits_and_packed_equal_padded(folders):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from anytrain.tasks.dpo import logprobs
+    from anytrain import lmhead
 
     tokenizer = AutoTokenizer.from_pretrained(folders["llama"])
     tokenizer.pad_token = tokenizer.eos_token
@@ -226,7 +228,7 @@ def test_fused_log_probabilities_equal_the_full_logits_and_packed_equal_padded(f
     padded, packed = encoded(tokenizer, rows, "explicit"), encoded(tokenizer, rows, "explicit", packed=256)
     plain = AutoModelForCausalLM.from_pretrained(folders["llama"])
     fused = AutoModelForCausalLM.from_pretrained(folders["llama"])
-    logprobs.install(fused, None)
+    lmhead.install(fused)
     weights = torch.linspace(-1, 2, 12)
     table, grads = sequence_log_probs(fused, padded, weights)
     packed_table, packed_grads = sequence_log_probs(fused, packed, weights)
@@ -236,37 +238,48 @@ def test_fused_log_probabilities_equal_the_full_logits_and_packed_equal_padded(f
     token = logits.log_softmax(-1).gather(2, labels.clamp(min=0)[..., None])[..., 0] * (labels != -100)
     (token.sum(1) * weights).sum().backward()
     full = {n: p.grad for n, p in plain.named_parameters()}
-    assert table[:, 1].tolist() == (labels != -100).sum(1).tolist() and table[:, 2].isnan().all()
+    assert table[:, 1].tolist() == (labels != -100).sum(1).tolist()
     assert (table[:, 0] - token.sum(1).detach()).abs().max() < 1e-5
     assert max((grads[n] - full[n]).abs().max().item() / full[n].abs().max().item() for n in full) < 1e-5
-    assert (packed_table[:, :2] - table[:, :2]).abs().max() < 1e-5
+    assert (packed_table - table).abs().max() < 1e-5
     assert max((packed_grads[n] - grads[n]).abs().max().item() / grads[n].abs().max().item() for n in grads) < 1e-5
 
 
 def test_the_lora_reference_is_the_base_models_own_log_probabilities(folders):
+    """--reference adapter: the task's table has the policy (the adapter on) and the reference (the adapter off,
+    computed without gradients), and the adapter is trained afterwards."""
+    import contextlib
+
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from anytrain.tasks.dpo import logprobs
+    from anytrain import lmhead
+    from anytrain.tasks.causal_lm.logprobs import sequence_logps
+    from anytrain.tasks.dpo.task import DirectPreference
 
     tokenizer = AutoTokenizer.from_pretrained(folders["llama"])
     tokenizer.pad_token = tokenizer.eos_token
     rows = encoded(tokenizer, preferences.rows(4, seed=2), "explicit")
     base = AutoModelForCausalLM.from_pretrained(folders["llama"])
-    logprobs.install(base, None)
+    lmhead.install(base)
     model = AutoModelForCausalLM.from_pretrained(folders["llama"])
-    logprobs.install(model, logprobs.adapter_off(model))
+    lmhead.install(model)
     model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
     torch.manual_seed(0)
     for name, p in model.named_parameters():
         if "lora_B" in name:  # a trained adapter: not zero
             p.data.normal_(0, 0.5)
+    task = DirectPreference.__new__(DirectPreference)  # the step's parts alone, no run around them
+    task.reference, task.frozen, task.autocast = "adapter", None, contextlib.nullcontext
     inputs, _ = rows.__getitems__(list(range(4)))
+    table = task.table(lambda batch: model(**batch), inputs, model)
     with torch.no_grad():
-        table, own = model(**inputs), base(**inputs)
+        own = sequence_logps(lambda batch: base(**batch), inputs)
     assert (table[:, 2] - own[:, 0]).abs().max() < 1e-5  # the reference: the adapter off
     assert (table[:, 0] - own[:, 0]).abs().max() > 1e-2  # the policy: the adapter on
-    assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)  # switched back on
+    assert table.requires_grad
+    table[:, 0].sum().backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)  # switched back on
 
 
 # --------------------------------------------------------------------------- training

@@ -297,27 +297,3 @@ def tokenizer_of_run(folder: Path):
         return transformers().AutoTokenizer.from_pretrained(str(saved))
     except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
         raise ConfigError(f"run_dir: the tokenizer in {saved} does not load ({first_line(e)})") from None
-
-
-def generate(model, folder: Path, prompt: str, tokens: int, temperature: float, top_k: int, seed: int, device: str):
-    """`anytrain sample` for a causal-LM run: transformers' sampling, with the run's tokenizer. The prompt
-    keeps its last tokens so that prompt and new tokens fit the model's positions."""
-    import torch
-
-    tokenizer = tokenizer_of_run(folder)
-    positions = max_positions(model.config) or tokens + 1
-    if tokens >= positions:
-        raise ConfigError(f"--tokens must be fewer than the model's {positions} positions")
-    ids = tokenizer(prompt, return_tensors="pt").input_ids[:, -(positions - tokens) :].to(device)
-    torch.manual_seed(seed)
-    out = model.to(device).generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=True,
-        temperature=temperature,
-        top_k=top_k,
-        max_new_tokens=tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        use_cache=True,  # off in the config saved with the weights (training builds no cache)
-    )
-    return prompt + tokenizer.decode(out[0, ids.shape[1] :].tolist())

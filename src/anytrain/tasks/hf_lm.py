@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -83,7 +84,22 @@ class HFCausalLM(Transformers):
         return rows
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
-        from ..hf import generate
+        """The prompt and what the model writes after it (the causal-LM core's generate: temperature, top-k, the seed
+        the completion's key, stopping at the end-of-text token or an end id of the model's generation config). The
+        prompt keeps its last tokens so that prompt and new tokens fit the model's positions."""
+        from ..config import ConfigError
+        from ..hf import max_positions, tokenizer_of_run
+        from .causal_lm.generation import Sampling, completion_keys, generate, stop_ids
 
-        keys = ("tokens", "temperature", "top_k", "seed", "device")
-        return generate(model, folder, prompt, *(settings[k] for k in keys))
+        tokenizer, tokens = tokenizer_of_run(folder), settings["tokens"]
+        positions = max_positions(model.config) or tokens + 1
+        if tokens >= positions:
+            raise ConfigError(f"--tokens must be fewer than the model's {positions} positions")
+        ids = tokenizer(prompt).input_ids[-(positions - tokens) :]
+        stops = stop_ids(tokenizer, cast(Any, model).generation_config.eos_token_id, chats=False)
+        sampling = Sampling(
+            tokens, tuple(stops), tokenizer.pad_token_id, settings["temperature"], top_k=settings["top_k"]
+        )
+        key = completion_keys(settings["seed"], 0, 0, torch.tensor([0]), 1)
+        done = generate(model.to(settings["device"]), [ids], key, sampling)
+        return prompt + tokenizer.decode(done.completion_ids()[0])

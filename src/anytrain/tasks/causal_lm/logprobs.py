@@ -31,3 +31,19 @@ def completion_logps(call: Callable, rows: Completions, temperature: float) -> t
     inputs = {"input_ids": rows.ids, "attention_mask": rows.mask, "position_ids": rows.positions}
     out = call({**inputs, "labels": labels_from(rows.ids, learned), "temperature": temperature})
     return out.logps[:, rows.width :]
+
+
+def sequence_logps(call: Callable, inputs: dict, temperature: float = 1.0) -> torch.Tensor:
+    """(sequences, 2) float32 for a batch whose inputs hold `labels` (the learned tokens, IGNORE elsewhere) and
+    `sequence_ids` (each token's sequence, several to a row when packed): each sequence's summed log-probability of
+    its learned tokens and their count (dpo's π and its lengths)."""
+    given = {k: v for k, v in inputs.items() if k != "sequence_ids"}
+    logps = call({**given, "temperature": temperature}).logps
+    picked = inputs["labels"] != IGNORE
+    where = inputs["sequence_ids"][picked]
+    count = int(inputs["sequence_ids"].max()) + 1
+    sums = torch.zeros(count, dtype=torch.float32, device=logps.device).index_add(0, where, logps[picked])
+    counts = torch.zeros(count, dtype=torch.float32, device=logps.device).index_add_(
+        0, where, torch.ones_like(where, dtype=torch.float32)
+    )
+    return torch.stack([sums, counts], 1)

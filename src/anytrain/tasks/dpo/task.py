@@ -1,9 +1,11 @@
 """dpo: preference tuning of a transformers causal LM on pairs (tasks/dpo/pairs.py). Each batch of B pairs is one
 forward pass over its 2B sequences (padded one a row, or with --packing in rows of --max-length, kept apart by their
-position ids), which gives each sequence's log-probability of its answer (tasks/dpo/logprobs.py: no full logits).
+position ids), which gives each sequence's log-probability of its answer (the causal-LM core's sequence_logps: the
+chunked output layer, no full logits); the step is the task's own (`train_step`).
 The loss (tasks/dpo/losses.py: --dpo-loss, --beta) is the mean over the pairs of the optimizer step, whatever the
-number of ranks and accumulation steps. The reference (--reference) is cached before step 0 (full fine-tuning),
-the model with its adapter off (--lora-r), or a frozen copy (live); simpo and orpo have none.
+number of ranks and accumulation steps. The reference (--reference) is cached before step 0 (full fine-tuning,
+tasks/dpo/reference.py), the model with its adapter off (--lora-r), or a frozen copy (live), the last two computed
+per batch without gradients; simpo and orpo have none.
 
 Validation and test: the loss, reward accuracy (chosen reward above the rejected one), reward margin and both
 rewards, and each held-out prompt's chosen answer generated greedily (exact match), as sft does. The best weights
@@ -12,7 +14,10 @@ are those of the best validation reward accuracy. The model exports to run_dir/h
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from collections.abc import Callable
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -23,9 +28,10 @@ from ...config import ConfigError, TrainConfig
 from ...data.splits import Splits
 from ...shape import DataShape
 from ...usermodel import logits_of
+from ..causal_lm.logprobs import sequence_logps
 from ..contract import RunContext
 from ..hf_sft import SupervisedFineTuning
-from . import logprobs, reference
+from . import reference
 from .losses import LOSSES, Pairs
 from .options import REFERENCE_FREE, DPOOptions
 
@@ -77,6 +83,8 @@ class DirectPreference(SupervisedFineTuning):
             self.reference = "adapter" if cfg.model.lora_r else "cached"
         else:
             self.reference = o.reference
+        self.frozen: nn.Module | None = None  # --reference live: the starting model, frozen (on_run_start)
+        self.autocast: Callable = contextlib.nullcontext  # the run's precision for the reference (on_run_start)
 
     def load_data(self, given=None) -> Splits:
         rows, form = load_pairs(self, given)
@@ -84,25 +92,13 @@ class DirectPreference(SupervisedFineTuning):
         self.data.metadata.update(stop_ids=self.stops, chat_template="yes" if "chats" in form else "no")
         return self.data
 
-    def build_model(self, given=None) -> nn.Module:
-        from ... import hf, lora
-
-        model = hf.load_model(self.cfg, self.head, self.model_config)
-        self.use_cache, model.config.use_cache = model.config.use_cache, False  # restored for the exported model
-        live = logprobs.frozen_copy(model) if self.reference == "live" else None
-        logprobs.install(model, live or (logprobs.adapter_off(model) if self.reference == "adapter" else None))
-        if self.cfg.data.packing:
-            self.keep_texts_apart(model)
-        if self.cfg.model.gradient_checkpointing:
-            hf.checkpoint_activations(model)
-        if self.cfg.model.lora_r:
-            model = lora.wrap(model, lora.settings(self.cfg), self.head.auto_class, self.say)
-        return model
-
     def on_run_start(self, ctx: RunContext) -> None:
         """--reference cached: every split's reference log-probabilities, by the model as it starts, given to the
         splits' rows (their batches carry them as targets): read back from the run folder when the key matches (a
-        resumed run), else computed now and saved there."""
+        resumed run), else computed now and saved there. --reference live: a frozen copy of the starting model."""
+        self.autocast = ctx.accelerator.autocast
+        if self.reference == "live":
+            self.frozen = copy.deepcopy(ctx.accelerator.unwrap_model(ctx.model)).eval().requires_grad_(False)
         if self.reference != "cached":
             return
         accelerator, model = ctx.accelerator, ctx.accelerator.unwrap_model(ctx.model)
@@ -125,6 +121,34 @@ class DirectPreference(SupervisedFineTuning):
             )
         for split, logps in found.items():
             getattr(self.data, split).reference = logps
+
+    # --------------------------------------------------------------------------- the step
+    def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
+        """The batch's pairs through the model (ctx.forward: its wrappers synchronise the gradients), the reference
+        beside them, then the loss: the sum over the pairs over the batch's share of the step's pairs."""
+        inputs, targets = batch
+        return ctx.loss(self.table(ctx.forward, inputs, ctx.model), targets)
+
+    def table(self, call: Callable, inputs: dict, model: nn.Module) -> torch.Tensor:
+        """(2B, 3), one row a sequence (the chosen, then the rejected): its answer's log-probability, the answer's
+        tokens, and the reference's log-probability where it is computed per batch (NaN: cached or none)."""
+        table = sequence_logps(call, inputs)
+        ref = torch.full_like(table[:, :1], float("nan"))
+        if self.reference in ("live", "adapter"):
+            with torch.no_grad(), self.autocast():
+                ref = self.reference_logps(model, inputs)[:, :1]
+        return torch.cat([table, ref], 1)
+
+    def reference_logps(self, model: nn.Module, inputs: dict) -> torch.Tensor:
+        """The reference's table for a batch: the frozen copy (live), or the model with its adapter off (peft)."""
+        frozen = self.frozen
+        if frozen is not None:
+            return sequence_logps(lambda batch: frozen(**batch), inputs)
+        from ..hf_seq2seq import unwrapped
+
+        peft = cast(Any, unwrapped(model))
+        with peft.disable_adapter():
+            return sequence_logps(lambda batch: peft(**batch), inputs)
 
     # --------------------------------------------------------------------------- the loss
     def pairs(self, outputs, targets: torch.Tensor) -> Pairs:
@@ -162,7 +186,9 @@ class DirectPreference(SupervisedFineTuning):
 
     def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
         """The pairs' statistics, then each pair's chosen answer generated from its prompt: exact match."""
-        stats = self.per_sample(forward(model, inputs, targets), targets)
+        with self.autocast():
+            table = self.table(lambda batch: forward(model, batch, None), inputs, model)
+        stats = self.per_sample(table, targets)
         b = len(targets)  # the chosen sequences: their answers are what a prompt should get
         chosen = (inputs["input_ids"][:b], inputs["labels"][:b], inputs["attention_mask"][:b])
         stats["exact_match"] = self.exact_match(model, *chosen)

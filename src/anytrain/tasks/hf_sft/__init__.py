@@ -1,15 +1,14 @@
 """sft: supervised fine-tuning of a transformers causal LM on chats or prompt/completion pairs (tasks/hf_sft/chats.py).
 The loss is on the answers' tokens only, the mean over every answer token of the optimizer step's global
 batch (hf:lm's token weighting: the fused loss of lmhead.py with num_items_in_batch). Evaluation also generates
-each held-out conversation's last answer from the turns before it (greedy, stopping at the template's
-end-of-turn token): exact match of the stripped texts, and the first few in the log. `anytrain sample`
-puts the prompt in a user turn of the chat template and prints the reply."""
+each held-out conversation's last answer from the turns before it (greedy, through the causal-LM core's generate,
+stopping at the template's end-of-turn token): exact match of the stripped texts, and the first few in the log.
+`anytrain sample` puts the prompt in a user turn of the chat template and prints the reply."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
 
 import torch
 from torch import nn
@@ -69,34 +68,22 @@ class SupervisedFineTuning(HFCausalLM):
         self.model_config = self.checked_config(self.tokenizer.pad_token_id)
         return self.data
 
-    def generate(self, model: nn.Module, prompts: list[list[int]], new_tokens: int, **sampling) -> list[str]:
-        """Each prompt's reply (left-padded into one batch), cut at the first stop token, decoded. A prompt keeps
-        its last tokens where it and the reply would not fit the model's positions."""
+    def generate(
+        self, model: nn.Module, prompts: list[list[int]], new_tokens: int, keys=None, temperature=1.0, top_k=0
+    ) -> list[str]:
+        """Each prompt's reply through the causal-LM core's generate (greedy, or sampled by `keys`), cut at its first
+        stop token, decoded. A prompt keeps its last tokens where it and the reply would not fit the model's
+        positions."""
         from ...hf import max_positions
+        from ..causal_lm.generation import Sampling, generate
 
         positions = max_positions(unwrapped(model).config) or len(max(prompts, key=len)) + new_tokens
         new_tokens = max(1, min(new_tokens, positions - 1))
         prompts = [p[-(positions - new_tokens) :] for p in prompts]
-        width, pad = max(len(p) for p in prompts), self.tokenizer.pad_token_id
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for k, prompt in enumerate(prompts):
-            ids[k, width - len(prompt) :], mask[k, width - len(prompt) :] = torch.tensor(prompt), 1
-        device = next(model.parameters()).device
-        out = cast(Any, unwrapped(model)).generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=new_tokens,
-            eos_token_id=self.stops,
-            pad_token_id=pad,
-            use_cache=True,  # off in the config while training; generating wants it
-            **sampling,
-        )
-        replies = []
-        for row in out[:, width:].tolist():
-            ends = [k for k, token in enumerate(row) if token in self.stops]
-            replies.append(self.tokenizer.decode(row[: ends[0] if ends else len(row)], skip_special_tokens=True))
-        return replies
+        sampling = Sampling(new_tokens, tuple(self.stops), self.tokenizer.pad_token_id, temperature, top_k=top_k)
+        done = generate(unwrapped(model), prompts, keys, sampling)
+        replies = [ids[:-1] if ids and ids[-1] in self.stops else ids for ids in done.completion_ids()]
+        return [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in replies]
 
     def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
         """The answers' loss and accuracy (teacher-forced), then each row's last answer generated: exact match."""
@@ -108,7 +95,7 @@ class SupervisedFineTuning(HFCausalLM):
         """Each row's last answer (its last run of targets) generated greedily from the tokens before it: 1.0 where
         the stripped texts are equal; the evaluation's first few kept for the log."""
         pairs = [last_answer(*row) for row in zip(ids.cpu(), targets.cpu(), mask.sum(1).tolist())]
-        replies = self.generate(model, [p for p, _ in pairs], max(len(a) for _, a in pairs), do_sample=False)
+        replies = self.generate(model, [p for p, _ in pairs], max(len(a) for _, a in pairs))
         expected = [self.tokenizer.decode(answer, skip_special_tokens=True).strip() for _, answer in pairs]
         exact = [reply.strip() == answer for reply, answer in zip(replies, expected)]
         if not self.shown:  # the first rows of the evaluation, for the log
@@ -135,7 +122,8 @@ class SupervisedFineTuning(HFCausalLM):
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
         """The reply to the prompt, as a user turn in the chat template (a text prompt as it is, for runs that
-        trained on prompt/completion text), sampled (temperature, top-k, seed, up to --tokens tokens)."""
+        trained on prompt/completion text), sampled (temperature, top-k, up to --tokens tokens; the seed is the
+        completion's key: the same seed, the same reply on any device or batch)."""
         from ...hf import max_positions, tokenizer_of_run
 
         self.tokenizer, self.stops = tokenizer_of_run(folder), meta["stop_ids"]
@@ -149,6 +137,8 @@ class SupervisedFineTuning(HFCausalLM):
         positions = max_positions(model.config) or settings["tokens"] + 1
         if settings["tokens"] >= positions:
             raise ConfigError(f"--tokens must be fewer than the model's {positions} positions")
-        torch.manual_seed(settings["seed"])
-        sampling = {"do_sample": True, "temperature": settings["temperature"], "top_k": settings["top_k"]}
-        return self.generate(model.to(settings["device"]).eval(), [ids], settings["tokens"], **sampling)[0]
+        from ..causal_lm.generation import completion_keys
+
+        key = completion_keys(settings["seed"], 0, 0, torch.tensor([0]), 1)  # the same seed, the same reply
+        sampling = {"temperature": settings["temperature"], "top_k": settings["top_k"]}
+        return self.generate(model.to(settings["device"]).eval(), [ids], settings["tokens"], key, **sampling)[0]
