@@ -234,13 +234,14 @@ def folders(tmp_path_factory):
     return {"root": root, "model": tiny_llama(root / "llama"), "data": root / "prompts.jsonl"}
 
 
-def test_a_run_logs_what_its_rewards_log_and_writes_the_completions_table(folders, tmp_path, capsys):
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_a_run_logs_what_its_rewards_log_and_writes_the_completions_table(folders, tmp_path, capsys, scale):
     rewards = folders["root"] / "rewards.py"
     summary = in_process(
         tmp_path / "run", "--model", f"hf:{folders['model']}", "--dataset", str(folders["data"]),
         "--reward", f"{rewards}:shaped", f"{rewards}:even", "--reward-weights", "1", "0.5", "--num-generations", "4",
         "--max-new-tokens", "6", "--batch-size", "2", "--max-steps", "3", "--log-every-steps", "1",
-        "--eval-every-steps", "0", "--seed", "3",
+        "--eval-every-steps", "0", "--seed", "3", "--scale-rewards", scale,
     )  # fmt: skip
     train = [m for m in read_metrics(tmp_path / "run") if m["kind"] == "train"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
@@ -254,7 +255,7 @@ def test_a_run_logs_what_its_rewards_log_and_writes_the_completions_table(folder
         assert line["mean_length"] == pytest.approx(line["completion_length"])
         scorable = [r["reward"] for r in window if r["reward"] is not None]
         assert len(scorable) == 6 and line["reward"] == pytest.approx(sum(scorable) / 6)  # the 2 unscorable left out
-        expected = trl_advantages([NAN if r["reward"] is None else r["reward"] for r in window], 4, "group")
+        expected = trl_advantages([NAN if r["reward"] is None else r["reward"] for r in window], 4, scale)
         assert [r["advantage"] for r in window] == pytest.approx(expected, abs=1e-5)
     for k, row in enumerate(rows):
         assert set(row) == {"step", "prompt", "completion", "shaped", "even", "reward", "advantage", "length"}

@@ -1,16 +1,16 @@
 """grpo's completions table: what a user reads to see what the model writes and how it is scored. At each training
-log line the main process appends to run_dir/completions.jsonl (one JSON object a line) up to ROWS completions of
-the line's last rollout, its own (the first of its prompts' groups; no gather: the other processes' completions are
-sampled and scored alike), each row:
+log line the main process appends to run_dir/completions.jsonl (one JSON object a line) the first ROWS completions
+of the line's last rollout among its own (its first prompts' groups, whole where G divides ROWS; nothing is
+gathered: the other processes' completions are sampled and scored alike), each row:
 
     {"step": optimizer steps done when it was sampled, "prompt": as given (text or a chat), "completion": its text,
      each reward function's value under its name (reward_NAME where the name is one of these columns'; null where
      it returned None), "reward": the weighted total (null: unscorable), "advantage": ..., and every log_extra
      column under its name}
 
-and prints SHOWN of them, the best and the worst by reward, as `  ...prompt tail -> completion (reward r)`. A fresh
-run starts the file again; a resumed one keeps the rows sampled before its checkpoint and appends (those from the
-checkpoint's step on, which the resumed run samples again, are dropped when it first rolls out).
+and prints SHOWN of them, the best and the worst by reward: `  ...prompt tail -> completion (reward r, advantage
+a)`. A fresh run starts the file again; a resumed one keeps the rows sampled before its checkpoint and appends (those
+from the checkpoint's step on, which the resumed run samples again, are dropped when it first rolls out).
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ A value is a number (a bool counts as 1.0 or 0.0) or None: this function does no
 completion's reward is the weighted sum of the values of the functions that scored it; one that no function scored
 is unscorable (its reward NaN, as TRL): it counts in no mean nor standard deviation, and its advantage is 0
 (tasks/grpo/loss.py). Built-ins for the common cases: `answer`, `format:REGEX`, `length:N` (tasks/grpo/options.py
-says what each scores). A function that raises, returns the wrong number of values, a non-number or NaN, or logs a
-column without one value per completion, stops the run in one line naming the function (and the row).
+says what each scores). A function that raises, returns the wrong number of values, a non-number or NaN, logs a
+metric under a name the log line has, or a column without one value per completion or under a name the table has,
+stops the run in one line naming the function (and the row).
 """
 
 from __future__ import annotations
