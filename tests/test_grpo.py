@@ -5,8 +5,9 @@ softmax); the masks read back what generate wrote (a completion ends at its firs
 log-probabilities in training are those generate sampled from, left padding included); advantages, clipping, KL
 and the three normalisations as stated; reward functions with TRL's signature get the dataset's columns and are
 refused in one line when they raise, return the wrong number of values or NaN; bad input is one line each; the
-reward rises; and the step is exact: 4 accumulated micro-batches equal one batch, 2 ranks equal 1 (launched), a
-SIGKILLed run resumes bit for bit (launched)."""
+reward rises; and the step is exact: 4 accumulated micro-batches equal one batch, 2 ranks equal 1 (launched, with
+what a reward function logs), a SIGKILLed run resumes bit for bit, its completions table too (launched). The reward
+functions' TRL semantics and the completions table: test_grpo_rewards.py."""
 
 from __future__ import annotations
 
@@ -61,6 +62,17 @@ def too_few(prompts, completions, completion_ids, **columns):
 
 def nan(prompts, completions, completion_ids, **columns):
     return [float("nan")] * len(completions)
+
+
+def logs(prompts, completions, completion_ids, log_metric, log_extra, **columns):
+    """Scores nothing (weight 0); logs two means in an order that depends on the completions (on the process)."""
+    lengths = [len(ids) for ids in completion_ids]
+    ones = sum(c[-1]["content"].count("1") for c in completions) / len(completions)
+    pairs = [("mean_length", sum(lengths) / len(lengths)), ("ones_per_completion", ones)]
+    for name, value in pairs if lengths[0] % 2 else pairs[::-1]:
+        log_metric(name, value)
+    log_extra("length", lengths)
+    return [0.0] * len(completions)
 '''
 
 
@@ -316,22 +328,31 @@ def test_accumulation_equals_one_batch_of_the_steps_completions(folders, tmp_pat
 
 @pytest.mark.launch
 def test_two_ranks_equal_one_rank_with_twice_the_prompts(folders, tmp_path):
-    one = in_process(tmp_path / "one", *args(folders, "--max-steps", "3"))
-    done = launch("multi_cpu.yaml", *args(folders, "--max-steps", "3", "--batch-size", "2"), "--output-dir",
+    """Also what a reward function logs with log_metric, in an order that differs between the processes."""
+    logging = ("--reward", f"{folders['rewards']}:logs", "--reward-weights", "1", "0")
+    one = in_process(tmp_path / "one", *args(folders, "--max-steps", "3", *logging))
+    done = launch("multi_cpu.yaml", *args(folders, "--max-steps", "3", "--batch-size", "2", *logging), "--output-dir",
                   str(tmp_path / "two"))  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert read_summary(tmp_path / "two")["scenario"]["num_processes"] == 2 and one["optimizer_steps"] == 3
     diff = max_abs_diff(load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "two").state_dict())
     assert diff < 1e-6, diff
+    lines = [[m for m in read_metrics(tmp_path / d) if m["kind"] == "train"] for d in ("one", "two")]
+    for name in ("mean_length", "ones_per_completion", "reward", "completion_length"):
+        assert [m[name] for m in lines[0]] == pytest.approx([m[name] for m in lines[1]], abs=1e-9), name
+    assert len((tmp_path / "two" / "completions.jsonl").read_text().splitlines()) == 3 * 8  # the main process's
 
 
 @pytest.mark.launch
 def test_a_sigkilled_run_resumes_bit_for_bit_also_inside_a_rollout(folders, tmp_path):
     """Two steps per rollout and a checkpoint every 3: the resume starts inside a rollout, whose completions and
-    old log-probabilities come back from the checkpoint (each process's own file); the sampling needs nothing."""
+    old log-probabilities come back from the checkpoint (each process's own file); the sampling needs nothing. The
+    completions table ends as the reference's."""
     flags = args(folders, "--max-steps", "8", "--checkpoint-every-steps", "3", "--grpo-iterations", "2")
     reference, victim = kill_and_resume(tmp_path, [*flags, "--keep-checkpoints", "9"], 4)
     a, b = read_summary(reference), read_summary(victim)
     assert a["last_weights_sha256"] == b["last_weights_sha256"]
     assert b["resumed_from"].endswith("step-000003")  # after the first of rollout 2's two steps
     assert (Path(b["resumed_from"]) / "task_0.safetensors").is_file()
+    table = (reference / "completions.jsonl").read_text()  # the resumed run's rows sampled again replace the killed's
+    assert (victim / "completions.jsonl").read_text() == table and len(table.splitlines()) == 4 * 8

@@ -1,15 +1,27 @@
 """grpo's own figures in each training log line (and summary.json): what a user needs to see that the run learns
-and where its time goes. Per rollout, over every process: each reward function's mean and standard deviation,
-the total reward's, the share of groups whose rewards are all equal (they give no signal), completion length
-(mean, longest, share cut at --max-new-tokens). Per micro-batch, summed over processes when a line is written:
-the share of completion tokens whose ratio was clipped (below, above), the KL to the reference (--kl-beta), and
-the share of the time since the last line spent generating."""
+and where its time goes. Per rollout, over every process: each reward function's mean and standard deviation
+(over the completions it scored), the total reward's (over the scorable completions, as TRL's `reward`), the share
+of groups that give no signal (their scorable rewards all equal, or none scorable), completion length (mean,
+longest, share cut at --max-new-tokens). Per micro-batch, summed over processes when a line is written: the share
+of completion tokens whose ratio was clipped (below, above), the KL to the reference (--kl-beta), and the share of
+the time since the last line spent generating. And what the reward functions logged with log_metric, each under
+its own name: the mean of each rollout's mean over its calls on every process (as TRL), over the line's rollouts."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
+
+LOOP_KEYS = ("kind", "split", "step", "epoch", "loss", "lr", "samples_per_s", "tokens_per_s", "skipped_steps")
+OWN = ("reward", "reward_std", "flat_groups", "completion_length", "completion_length_max", "truncated",
+       "clipped_low", "clipped_high", "kl", "generating")  # fmt: skip
+
+
+def reserved(names: list[str]) -> frozenset[str]:
+    """The names a training log line already has (the loop's, these figures'): no log_metric may take them."""
+    return frozenset([*LOOP_KEYS, *OWN, *(f"reward_{n}" for n in names), *(f"reward_{n}_std" for n in names)])
 
 
 class Figures:
@@ -18,25 +30,29 @@ class Figures:
         self.longest = 0.0
         self.step = torch.zeros(4, dtype=torch.float64)  # this process's clipped low, high, KL, tokens
         self.generating, self.since, self.names = 0.0, time.perf_counter(), [""]
+        self.logged: list[dict[str, tuple[float, int]]] = []  # per rollout: this process's log_metric sums, counts
 
     def start(self) -> None:
         self.generating, self.since = 0.0, time.perf_counter()
 
     def add_rollout(
-        self, accelerator, table: torch.Tensor, reward: torch.Tensor, done, generations: int, names
+        self, accelerator, table: torch.Tensor, reward: torch.Tensor, done, generations: int, names, logged: dict
     ) -> None:
-        """Sums over the rollout's completions on every process (one all-reduce, one gather for the longest)."""
+        """Sums over the rollout's completions on every process (one all-reduce, one gather for the longest);
+        `logged`: this process's log_metric values, reduced when the line is written."""
         self.names = names
+        self.logged.append({name: (math.fsum(values), len(values)) for name, values in logged.items()})
         seen = ~table.isnan()
         values = table.nan_to_num(0.0)
         lengths = done.completion.sum(1).double()
-        groups = reward.view(-1, generations)
-        flat = (groups.max(1).values == groups.min(1).values).double()
+        scored = ~reward.isnan()
+        rewards = reward.nan_to_num(0.0)
         local = torch.cat([
             values.sum(0), (values**2).sum(0), seen.double().sum(0),
-            torch.stack([reward.sum(), (reward**2).sum(), torch.tensor(float(len(reward)), device=reward.device),
-                         lengths.sum(), done.truncated.double().sum(), flat.sum(),
-                         torch.tensor(float(len(flat)), device=reward.device)]),
+            torch.stack([rewards.sum(), (rewards**2).sum(), scored.double().sum(),
+                         lengths.sum(), done.truncated.double().sum(), flat_groups(reward, generations).sum(),
+                         torch.tensor(float(len(reward) // generations), device=reward.device),
+                         torch.tensor(float(len(reward)), device=reward.device)]),
         ]).double()  # fmt: skip
         summed = accelerator.reduce(local, "sum").cpu()
         self.rollout = summed if self.rollout is None else self.rollout + summed
@@ -59,7 +75,7 @@ class Figures:
         for j, name in enumerate(self.names):
             out[f"reward_{name}"] = _mean(r[j], r[2 * k + j])
             out[f"reward_{name}_std"] = _std(r[j], r[k + j], r[2 * k + j])
-        completions = r[3 * k + 2]
+        completions = r[3 * k + 7]  # all of them (r[3 * k + 2]: the scorable ones)
         out.update(
             flat_groups=_mean(r[3 * k + 5], r[3 * k + 6]), completion_length=_mean(r[3 * k + 3], completions),
             completion_length_max=self.longest, truncated=_mean(r[3 * k + 4], completions),
@@ -69,9 +85,40 @@ class Figures:
             out["kl"] = _mean(step[2], step[3])
         elapsed = time.perf_counter() - self.since
         out["generating"] = self.generating / elapsed if elapsed > 0 else None
+        out.update(self.logged_means(accelerator))
         self.rollout, self.longest, self.step = None, 0.0, torch.zeros(4, dtype=torch.float64)
+        self.logged = []
         self.start()
         return out
+
+    def logged_means(self, accelerator) -> dict[str, float | None]:
+        """Each log_metric name's mean over the line's rollouts of its mean over every process's calls in the
+        rollout (NaN ones left out). Every process has had the same rollouts: it gathers the names, then reduces
+        one (rollouts, names, 2) tensor of sums and counts in the names' sorted order."""
+        from accelerate.utils import gather_object
+
+        if not self.logged:
+            return {}
+        names = sorted(set(gather_object(sorted({n for rollout in self.logged for n in rollout}))))
+        if not names:
+            return {}
+        local = [[rollout.get(n, (0.0, 0)) for n in names] for rollout in self.logged]
+        sums = accelerator.reduce(torch.tensor(local, dtype=torch.float64, device=accelerator.device), "sum").cpu()
+        out = {}
+        for j, name in enumerate(names):
+            means = [total / count for total, count in sums[:, j].tolist() if count > 0]
+            means = [m for m in means if not math.isnan(m)]
+            out[name] = math.fsum(means) / len(means) if means else None
+        return out
+
+
+def flat_groups(reward: torch.Tensor, generations: int) -> torch.Tensor:
+    """(groups,) float: 1 where a group gives no signal: its scorable rewards all equal (or none is scorable)."""
+    groups = reward.view(-1, generations)
+    missing = groups.isnan()
+    high = groups.masked_fill(missing, -math.inf).max(1).values
+    low = groups.masked_fill(missing, math.inf).min(1).values
+    return ((high == low) | missing.all(1)).double()
 
 
 def _mean(total: torch.Tensor, count: torch.Tensor) -> float | None:

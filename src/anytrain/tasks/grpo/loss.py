@@ -1,8 +1,11 @@
 """grpo's advantages and loss.
 
 Advantage: each completion's reward minus its group's mean (the prompt's --num-generations completions), divided
-by the group's standard deviation (--scale-rewards group), the whole step's (batch) or by nothing (none), plus
-1e-4. A group whose rewards are all equal has advantage 0: no signal (the log says how many).
+by the group's standard deviation (--scale-rewards group), the whole step's over every process (batch) or by
+nothing (none), plus 1e-4. As TRL: an unscorable completion (no reward function scored it: its reward is NaN) is
+left out of its group's mean and of both standard deviations (unbiased, as torch.std), and its advantage is 0; so
+is every advantage whose standard deviation has fewer than 2 values. A group whose rewards are all equal has
+advantage 0: no signal (the log says how many).
 
 Per token: -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A), r = exp(log pi - log pi_old) the importance
 ratio, per token or, for GSPO (--importance sequence), exp of the completion's mean log-ratio for all its tokens;
@@ -23,17 +26,27 @@ from __future__ import annotations
 import torch
 
 
+def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The unbiased standard deviation of the values that are not NaN (torch.std's where none is), over `dim` (None:
+    all); NaN where fewer than 2 are (TRL's nanstd)."""
+    if dim is None:
+        values, dim = values.reshape(-1), 0
+    count = (~values.isnan()).sum(dim)
+    squares = ((values - values.nanmean(dim, keepdim=True)) ** 2).nansum(dim)
+    return torch.where(count > 1, squares / (count - 1).clamp(min=1), torch.full_like(squares, float("nan"))).sqrt()
+
+
 def advantages(rewards: torch.Tensor, generations: int, scale: str, batch_std: torch.Tensor | None) -> torch.Tensor:
-    """(n,) float32 advantages of n = prompts x generations rewards (float64), grouped by prompt; `batch_std`: the
-    step's standard deviation over every process (scale "batch")."""
+    """(n,) float32 advantages of n = prompts x generations rewards (float64, NaN: unscorable), grouped by prompt;
+    `batch_std`: the step's nanstd over every process (scale "batch"). NaN advantages become 0 (as TRL)."""
     groups = rewards.view(-1, generations)
-    centred = (groups - groups.mean(1, keepdim=True)).view(-1)
+    centred = (groups - groups.nanmean(1, keepdim=True)).view(-1)
     if scale == "group":
-        centred = centred / (groups.std(1).repeat_interleave(generations) + 1e-4)
+        centred = centred / (nanstd(groups, 1).repeat_interleave(generations) + 1e-4)
     elif scale == "batch":
         assert batch_std is not None
         centred = centred / (batch_std + 1e-4)
-    return centred.float()
+    return centred.nan_to_num(nan=0.0).float()
 
 
 def counted(completion: torch.Tensor, truncated: torch.Tensor, mask_truncated: bool) -> torch.Tensor:

@@ -17,10 +17,13 @@ class GRPOOptions:
     reward: list[str] = option(
         [],
         "grpo: the reward functions, each FILE.py:function or module:function with TRL's signature "
-        "fn(prompts, completions, completion_ids, **columns) -> list[float | None], or a built-in: answer (1.0 where "
-        "the completion, stripped, is the row's answer column), format:REGEX (1.0 where the completion matches the "
-        "pattern from its start), length:N (0 up to N tokens, minus the share of N it runs past them); several after "
-        "one flag or the flag repeated",
+        "fn(prompts, completions, completion_ids, trainer_state, log_metric, log_extra, **columns) -> one number, "
+        "bool (1.0 or 0.0) or None (not scored) per completion; a completion no function scored gets advantage 0. "
+        "log_metric(name, value) adds a figure to the training log line, log_extra(column, values) a column to "
+        "run_dir/completions.jsonl (the completions table, with each function's value, the reward and the "
+        "advantage). Or a built-in: answer (1.0 where the completion, stripped, is the row's answer column), "
+        "format:REGEX (1.0 where the completion matches the pattern from its start), length:N (0 up to N tokens, "
+        "minus the share of N it runs past them); several after one flag or the flag repeated",
         repeatable=True,
     )
     reward_weights: list[float] = option([], "grpo: one weight per --reward (default: 1.0 each)", repeatable=True)

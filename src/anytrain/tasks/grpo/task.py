@@ -14,6 +14,7 @@ maximises). The best weights are those of the best validation reward. The model 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,10 +32,11 @@ from ..causal_lm.logprobs import completion_logps
 from ..contract import RunContext
 from ..hf_sft import SupervisedFineTuning
 from . import loss as objective
-from .figures import Figures
+from .completions import CompletionsTable, taken
+from .figures import Figures, reserved
 from .options import GRPOOptions
 from .prompts import RolloutSlots, Slot, is_prompts, load_prompts
-from .rewards import load_rewards, scores, total
+from .rewards import RewardCall, TrainerState, load_rewards, scores, total
 
 SPLIT_KEYS = {"train": 0, "validation": 1, "test": 2}
 
@@ -88,6 +90,9 @@ class GroupRelative(SupervisedFineTuning):
         self.rewards: list = []  # the --reward functions (load_data; check_settled refused the run without one)
         self.rollout: Rollout | None = None
         self.figures = Figures()
+        self.table = CompletionsTable()  # run_dir/completions.jsonl (tasks/grpo/completions.py)
+        self.state: TrainerState | None = None  # the last training rollout's (what evaluation's rewards get)
+        self.steps_per_epoch = 1  # optimizer steps per epoch (load_data)
         self.frozen: nn.Module | None = None  # --kl-beta without LoRA: the starting model, frozen
         self.last_counts = (0, 0)  # the last micro-batch's completions and completion tokens
         self.device = torch.device("cpu")  # the run's (on_run_start)
@@ -109,6 +114,7 @@ class GroupRelative(SupervisedFineTuning):
         self.prompts = rows  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
         self.stops = stop_ids(self.tokenizer, model_eos(self.cfg, self.model_config), chats)
         train = RolloutSlots(rows["train"], self.cfg, PartialState().num_processes)
+        self.steps_per_epoch = train.rollouts * self.o.grpo_iterations
         shape = DataShape(
             "tokens", vocab_size=len(self.tokenizer), max_length=positions, pad_id=self.tokenizer.pad_token_id
         )
@@ -143,6 +149,7 @@ class GroupRelative(SupervisedFineTuning):
             f"rewards: {names}"
         )
         self.figures.start()
+        self.table.start(ctx.run_dir, ctx.accelerator.is_main_process)
 
     # --------------------------------------------------------------------------- the step
     def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
@@ -176,10 +183,11 @@ class GroupRelative(SupervisedFineTuning):
         prompts = [self.prompts["train"].ids[r] for r in slot.rows for _ in range(self.o.num_generations)]
         with accelerator.autocast():
             done = generate(model, prompts, keys, self.sampling())
-        table = self.score(done, slot.rows, "train")
-        reward = total(table, self.rewards).to(accelerator.device)
+        call = self.reward_call(self.trainer_state(ctx.step))
+        table, args = self.score(done, slot.rows, "train", call=call)
+        reward = total(table, self.rewards).to(accelerator.device)  # NaN: unscorable
         every = accelerator.gather(reward)
-        batch_std = every.std() if self.o.scale_rewards == "batch" else None
+        batch_std = objective.nanstd(every) if self.o.scale_rewards == "batch" else None
         advantage = objective.advantages(reward, self.o.num_generations, self.o.scale_rewards, batch_std)
         keep = objective.counted(done.completion, done.truncated, self.o.mask_truncated)
         count = accelerator.reduce(objective.step_count(keep, self.o.grpo_loss, self.o.max_new_tokens), "sum")
@@ -188,7 +196,10 @@ class GroupRelative(SupervisedFineTuning):
             old = self.rollout_logps(model, done) if self.o.grpo_iterations > 1 else None
             ref = self.reference_logps(model, done) if self.o.kl_beta > 0 else None
         names = [r.name for r in self.rewards]
-        self.figures.add_rollout(accelerator, table.to(accelerator.device), reward, done, self.o.num_generations, names)
+        self.figures.add_rollout(
+            accelerator, table.to(accelerator.device), reward, done, self.o.num_generations, names, call.metrics
+        )
+        self.table.add(ctx.step, args, table, names, reward.cpu(), advantage.cpu(), call.extra)
         self.figures.generating += time.perf_counter() - started
         return Rollout(done, advantage, keep, old, ref, share)
 
@@ -212,8 +223,21 @@ class GroupRelative(SupervisedFineTuning):
         o = self.o
         return Sampling(o.max_new_tokens, tuple(self.stops), self.tokenizer.pad_token_id, o.temperature, o.top_p)
 
-    def score(self, done: Completions, rows: list[int], split: str, per_row: int | None = None) -> torch.Tensor:
-        """(completions, functions) rewards of the completions of `rows` (each `per_row` times, default G)."""
+    def trainer_state(self, step: int) -> TrainerState:
+        """The trainer_state reward functions get at a rollout after `step` optimizer steps."""
+        total_steps = min(self.cfg.optim.max_steps or math.inf, self.cfg.optim.epochs * self.steps_per_epoch)
+        self.state = TrainerState(step, step / self.steps_per_epoch, int(total_steps), self.cfg.optim.epochs)
+        return self.state
+
+    def reward_call(self, state: TrainerState) -> RewardCall:
+        names = [r.name for r in self.rewards]
+        return RewardCall(state, figures=reserved(names), columns=taken(names))
+
+    def score(
+        self, done: Completions, rows: list[int], split: str, per_row: int | None = None, call: RewardCall | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        """(completions, functions) rewards of the completions of `rows` (each `per_row` times, default G), and the
+        arguments the functions got; `call`: trainer_state, log_metric, log_extra (a training rollout's)."""
         per_row = per_row or self.o.num_generations
         source = self.prompts[split]
         ids = done.completion_ids()
@@ -224,7 +248,9 @@ class GroupRelative(SupervisedFineTuning):
                 "completion_ids": ids}  # fmt: skip
         for name, values in source.columns.items():
             args[name] = [values[r] for r in rows for _ in range(per_row)]
-        return scores(self.rewards, args, lambda k: f"completion {k % per_row} of {split} row {rows[k // per_row]}")
+        call = call or self.reward_call(self.state or self.trainer_state(0))  # evaluation: what it logs is dropped
+        return scores(self.rewards, args, lambda k: f"completion {k % per_row} of {split} row {rows[k // per_row]}",
+                      call), args  # fmt: skip
 
     # --------------------------------------------------------------------------- a rollout across a kill
     def rank_state(self) -> dict[str, torch.Tensor]:
@@ -266,7 +292,15 @@ class GroupRelative(SupervisedFineTuning):
         return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds}
 
     def train_figures(self, accelerator) -> dict:
-        return self.figures.take(accelerator)
+        """The figures since the last line; the completions table's rows written, two of them printed (main
+        process)."""
+        from tqdm.auto import tqdm
+
+        figures = self.figures.take(accelerator)
+        shown = self.table.flush()
+        if shown:
+            tqdm.write("\n".join(shown))
+        return figures
 
     # --------------------------------------------------------------------------- evaluation
     def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
@@ -279,12 +313,16 @@ class GroupRelative(SupervisedFineTuning):
         stats = {}
         for name, k in (("reward", keys), ("greedy_reward", None)):
             done = generate(unwrapped(model), prompts, k, self.sampling())
-            stats[name] = total(self.score(done, rows, split, 1), self.rewards).to(targets.device)
+            reward = total(self.score(done, rows, split, 1)[0], self.rewards).to(targets.device)
+            stats[name], stats[f"{name}_scored"] = reward.nan_to_num(0.0), (~reward.isnan()).double()
         stats["loss"] = -stats["reward"]
         return stats
 
     def metrics(self, sums: dict, count: int) -> dict:
-        return {k: v.item() / count for k, v in sums.items()}
+        """Each reward's mean over the completions some function scored (0 where none was); the loss, minus the
+        sampled one."""
+        means = {k: sums[k].item() / max(sums[f"{k}_scored"].item(), 1.0) for k in ("reward", "greedy_reward")}
+        return {"loss": -means["reward"], **means}
 
     def describe_data(self, model: nn.Module) -> dict:
         o = self.o
