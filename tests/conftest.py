@@ -52,6 +52,16 @@ def pytest_configure(config):
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if worker and 1 < count <= len(CORES):
         os.sched_setaffinity(0, {CORES[int(worker.removeprefix("gw")) % len(CORES)]})
+    font_cache()
+
+
+def font_cache() -> None:
+    """matplotlib's font cache made before any test: on a machine that has none, its first import runs `fc-list`,
+    a subprocess that the launch rule would blame on whichever in-process test drew a curve first."""
+    try:
+        import matplotlib.font_manager  # noqa: F401 - builds ~/.cache/matplotlib's font list once
+    except ImportError:  # matplotlib is the bench extra's: the curve tests skip without it
+        pass
 
 
 def pytest_collection_modifyitems(config, items):

@@ -237,3 +237,56 @@ def test_no_task_re_points_a_parents_method():
                 owner = getattr(function, "__qualname__", "").split(".")[0]
                 if inspect.isfunction(function) and owner != klass.__name__ and "<locals>" not in owner:
                     raise AssertionError(f"{key}: {klass.__name__}.{name} is {function.__qualname__}")
+
+
+def test_tasks_and_data_read_no_accelerate_global_state():
+    """Where a task runs (processes, rank, device, precision) is given to it before its data is read (task.run,
+    contract.RunFacts); nothing under tasks/ or data/ reaches for accelerate's global state."""
+    found = [
+        f"{path.relative_to(SRC)}: {name}"
+        for folder in ("tasks", "data")
+        for path in sorted((SRC / folder).rglob("*.py"))
+        for name in ("accelerate.state", "PartialState", "AcceleratorState")
+        if name in path.read_text()
+    ]
+    assert not found, found
+
+
+def test_a_task_knows_where_it_runs_before_its_data_is_read(monkeypatch):
+    from anytrain.tasks import settle as settling
+    from anytrain.tasks.contract import RunFacts
+
+    seen = []
+    monkeypatch.setattr(Classification, "load_data", lambda self, given=None: seen.append(self.run))
+    facts = RunFacts(processes=2, rank=1, device="cuda:1", precision="bf16")
+    settling.load(TrainConfig().replace(task="classify"), None, facts)
+    assert seen == [facts] and seen[0].pad_multiple == 8 and not seen[0].main
+    assert make_task(TrainConfig(), "classify").run == RunFacts()  # outside a launch: one process on the CPU
+
+
+def test_the_causal_lm_tasks_compose_one_core_rather_than_stand_in_a_tower():
+    """Issue 46: no registered task stands on more than three of anytrain's task classes (contract.Task not counted);
+    every causal-LM task builds its model with the one build_model; a transformers model is generated from in two
+    functions at most (the causal-LM core's and seq2seq's); no task assigns a model's forward (lmhead.install is
+    the one hook)."""
+    for key, cls in classes().items():
+        ours = [c.__name__ for c in cls.__mro__ if issubclass(c, Task) and c is not Task]
+        assert len(ours) <= 3, (key, ours)
+        head = getattr(cls, "head", None)
+        if head is not None and head.auto_class == "AutoModelForCausalLM":
+            from anytrain.tasks.transformers import Transformers
+
+            assert cls.build_model is Transformers.build_model, key
+    callers, assigners = [], []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                calls = [c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)]
+                on_models = [c for c in calls if not (isinstance(c.func.value, ast.Name) and c.func.value.id == "self")]
+                if any(c.func.attr == "generate" for c in on_models):
+                    callers.append(f"{path.relative_to(SRC)}:{node.name}")
+            if isinstance(node, ast.Assign) and "tasks" in path.relative_to(SRC).parts:
+                assigners += [path.name for t in node.targets if isinstance(t, ast.Attribute) and t.attr == "forward"]
+    model_calls = [c for c in callers if not c.startswith("gpt.py")]  # gpt.py: the built-in GPT, not transformers
+    assert model_calls == ["tasks/causal_lm/generation.py:generate", "tasks/hf_seq2seq/__init__.py:generate"], callers
+    assert not assigners, assigners

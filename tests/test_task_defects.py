@@ -28,14 +28,16 @@ SRC = ROOT / "src" / "anytrain"
 
 
 def test_sft_generations_and_stops_are_each_tasks_own():
+    from anytrain.tasks.causal_lm.answers import Answers
     from anytrain.tasks.hf_sft import SupervisedFineTuning
 
     first, second = SupervisedFineTuning(TrainConfig()), SupervisedFineTuning(TrainConfig())
-    first.shown.append("  ...'hi' -> 'hello' (expected 'hello')")
     first.stops.append(7)
-    assert second.shown == [] and second.stops == []
-    assert SupervisedFineTuning(TrainConfig()).shown == []  # a later run (anytrain.train again) starts empty
-    assert "shown" not in vars(SupervisedFineTuning) and "stops" not in vars(SupervisedFineTuning)
+    assert second.stops == [] and second.answers is None and "stops" not in vars(SupervisedFineTuning)
+    answers, later = Answers(None, [7]), Answers(None, [7])  # each run's answering: its shown lines its own
+    answers.shown.append("  ...'hi' -> 'hello' (expected 'hello')")
+    answers.stops.append(8)
+    assert later.shown == [] and later.stops == [7] and "shown" not in vars(Answers)
 
 
 # --------------------------------------------------------------------------- 2. files named in src exist
@@ -100,6 +102,9 @@ AMBIGUOUS = {  # module names that comments also use for other things: config se
 }
 
 
+FILE_SUFFIXES = {"py", "json", "jsonl", "yaml", "safetensors"}  # completions.jsonl names a file, not a module's name
+
+
 def stale_names(root: Path, package: str) -> list[str]:
     """`module.name` in the comments and strings of the package's modules (usermodel.forward_for), where the
     module is one of the package's and `name` is neither in it nor a submodule of it."""
@@ -120,7 +125,7 @@ def stale_names(root: Path, package: str) -> list[str]:
             if token.type not in (tokenize.COMMENT, tokenize.STRING):
                 continue
             for module, name in mention.findall(token.string):
-                if module not in modules or module in AMBIGUOUS or name == "py":
+                if module not in modules or module in AMBIGUOUS or name in FILE_SUFFIXES:
                     continue
                 found = importlib.import_module(modules[module])
                 if not hasattr(found, name) and importlib.util.find_spec(f"{modules[module]}.{name}") is None:

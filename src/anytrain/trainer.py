@@ -50,7 +50,7 @@ from .scenario import describe, format_scenario, make_accelerator, prepare
 from .shares import Weight, epoch_weights, split_as_it_falls
 from .tasks import META_KEY, is_own
 from .tasks.base import best_criterion, check_loss, evaluate, loss_owner, step_loss, training_loss, user_loss_function
-from .tasks.contract import RunContext, Task, exporter
+from .tasks.contract import RunContext, RunFacts, Task, exporter
 from .tasks.settle import Settled, load
 from .usermodel import forward_for, model_name
 
@@ -60,7 +60,7 @@ def load_data(accelerator, cfg: TrainConfig, given=None) -> tuple[Settled, Task,
     # The main process prepares (and caches) the dataset first; the others then read the cache.
     with accelerator.main_process_first():
         try:
-            return load(cfg, given)
+            return load(cfg, given, RunFacts.of(accelerator))
         except ConfigError as err:
             error = err  # leave the context normally so no rank is left waiting at its barrier
     raise error

@@ -55,11 +55,18 @@ class HFRows(Rows):
 
 
 def load_hf_splits(
-    cfg: TrainConfig, tokenizer, given=None, *, column: str, labelled: bool = False, whole: bool = False
+    cfg: TrainConfig,
+    tokenizer,
+    given=None,
+    *,
+    column: str,
+    labelled: bool = False,
+    whole: bool = False,
+    multiple: int | None = None,
 ) -> Splits:
     """Read, check and split the dataset as for any labelled table (class labels when `labelled`), then
     tokenise every split with the model's tokenizer, truncated at --max-length; `whole`: each text whole, for a
-    causal LM (lm_splits)."""
+    causal LM (lm_splits). Batches are padded to a `multiple` of their longest row (RunFacts.pad_multiple)."""
     splits, source = opened(cfg, given)
     if not column:
         raise ConfigError("--text-column: a transformers model needs the column that holds the text")
@@ -72,8 +79,7 @@ def load_hf_splits(
         parts = {name: (ds, None) for name, ds in carve_rows(splits, cfg, source).items()}
         num_classes, class_names = 0, None
     if whole:
-        return lm_splits(parts, cfg, tokenizer, source, column)
-    multiple = pad_multiple()
+        return lm_splits(parts, cfg, tokenizer, source, column, multiple)
 
     def tokenise(batch):
         return tokenizer(batch[column], truncation=True, max_length=cfg.data.max_length)
@@ -85,11 +91,10 @@ def load_hf_splits(
     return hf_text_splits(rows, tokenizer, num_classes, class_names, cfg.data.max_length, source, [column])
 
 
-def lm_splits(parts: dict, cfg: TrainConfig, tokenizer, source: str, column: str) -> Splits:
+def lm_splits(parts: dict, cfg: TrainConfig, tokenizer, source: str, column: str, multiple: int | None) -> Splits:
     """A causal LM's texts (`column`), tokenised whole: packed into rows (--packing, data/packing.py), else
     truncated at --max-length, the tokens that drops counted and said at start."""
     max_length = cfg.data.max_length
-    multiple = pad_multiple()
     rows: dict[str, Rows] = {}
     dropped: dict[str, tuple[int, int]] = {}
     for name, (ds, _) in parts.items():
@@ -152,21 +157,6 @@ def hf_text_splits(rows: dict, tokenizer, num_classes: int, class_names, max_len
         tokenizer=tokenizer,
         tokens_per_sample=per_text,
     )
-
-
-def pad_multiple() -> int | None:
-    """Batches padded to a multiple of 8 under fp16/bf16 (tensor cores), to their longest row otherwise."""
-    return 8 if mixed_precision() in ("fp16", "bf16") else None
-
-
-def mixed_precision() -> str:
-    """The run's precision ("no" when the data is read without an Accelerator, as predict does)."""
-    from accelerate.state import AcceleratorState
-
-    try:
-        return str(AcceleratorState().mixed_precision)
-    except ValueError:  # no Accelerator made in this process
-        return "no"
 
 
 def predict_hf_texts(dataset: str, columns: list[str], tokenizer, max_length: int) -> tuple[HFRows, object, str]:

@@ -143,10 +143,13 @@ def task_class(key: str) -> type[Task]:
     return own_task(key) if is_own(key) else line_class(key)
 
 
-def make_task(cfg: TrainConfig, key: str) -> Task:
-    """The task for a settled config (settle.settle gives the key)."""
+def make_task(cfg: TrainConfig, key: str, run=None) -> Task:
+    """The task for a settled config (settle.settle gives the key), told where it runs (contract.RunFacts; None: one
+    process on the CPU, as predict and sample run)."""
     task = task_class(key)(cfg)
     task.key = key
+    if run is not None:
+        task.run = run
     return task
 
 

@@ -148,9 +148,14 @@ class Classification(Labelled):
         return torch.zeros(batch, dtype=torch.long)
 
     def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]:
-        names = meta.get("class_names")
-        best, ids = outputs.float().softmax(-1).max(-1)
-        return [
-            {"class_id": k, "class_name": names[k] if names else None, "probability": p}
-            for k, p in zip(ids.tolist(), best.tolist())
-        ]
+        return class_predictions(outputs, meta)
+
+
+def class_predictions(outputs: torch.Tensor, meta: dict) -> list[dict]:
+    """What predict prints for a classifier's rows: the most likely class, its name and probability."""
+    names = meta.get("class_names")
+    best, ids = outputs.float().softmax(-1).max(-1)
+    return [
+        {"class_id": k, "class_name": names[k] if names else None, "probability": p}
+        for k, p in zip(ids.tolist(), best.tolist())
+    ]

@@ -12,7 +12,7 @@ the run context a task's step is given (`RunContext`), and the optional capabili
         options = SmoothOptions                          # its own option() fields: flags, YAML, resume check
         step_shares = False                              # True: its loss is loss_sum over the batch's step share
 
-        def load_data(self, given=None) -> Splits        # read, check, split (data.splits.Splits)
+        def load_data(self, given=None) -> Splits        # read, check, split (data.splits.Splits); self.run: RunFacts
         def build_model(self, given=None) -> nn.Module   # the model to train
         def model_from_metadata(self, meta, given=None)  # the model saved weights load into
         def loss(self, outputs, targets) -> Tensor       # the training loss, a scalar
@@ -69,6 +69,33 @@ ASKED_BY = {"packing": "packing", "lora": "lora_r", "streaming": "streaming"}  #
 
 
 @dataclass(frozen=True)
+class RunFacts:
+    """Where a task runs, known before its data is read (`task.run`, set by make_task): the number of processes, this
+    one's rank, its device, the precision and how to print a line once (the main process). A task reads these rather
+    than accelerate's global state. Outside a launch (predict, sample, your own code) it is one process on the CPU."""
+
+    processes: int = 1
+    rank: int = 0
+    device: str = "cpu"
+    precision: str = "no"  # accelerate's mixed precision: no, fp16, bf16
+    say: Callable[[str], None] = print  # a line printed by the main process only
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def pad_multiple(self) -> int | None:
+        """Batches padded to a multiple of 8 under fp16/bf16 (tensor cores), to their longest row otherwise."""
+        return 8 if self.precision in ("fp16", "bf16") else None
+
+    @classmethod
+    def of(cls, accelerator: Accelerator) -> RunFacts:
+        return cls(accelerator.num_processes, accelerator.process_index, str(accelerator.device),
+                   str(accelerator.mixed_precision), accelerator.print)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class RunContext:
     """What the loop gives a task's step and lifecycle methods: the run's accelerator, the prepared model (inside
     accelerate's wrappers: DDP, FSDP, torch.compile, autocast; call it through `forward` so that gradients
@@ -121,6 +148,7 @@ class Task(abc.ABC):
     labelled: ClassVar[bool] = False  # it reads a label column (--label-column): a table's 'target' is found for it
 
     key: str = ""  # its registry line (or FILE.py:Class), set by the registry
+    run: RunFacts = RunFacts()  # where it runs (processes, rank, device, precision), set by make_task before load_data
     data: Splits
 
     def __init__(self, cfg: TrainConfig):

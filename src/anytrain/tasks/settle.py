@@ -178,13 +178,14 @@ def check_model(cfg: TrainConfig, task: type[Task]) -> None:
     )
 
 
-def load(cfg: TrainConfig, given=None) -> tuple[Settled, Task, Splits]:
+def load(cfg: TrainConfig, given=None, run=None) -> tuple[Settled, Task, Splits]:
     """The task settled, then its data loaded: (settled, task, data). The trainer calls this with the
-    main process first (it prepares and caches the dataset), model_parallel and your code directly. The
-    dataset is opened once: the task's data loading gets the one the settling looked at (shared_openings)."""
+    main process first (it prepares and caches the dataset) and where the run is (`run`: contract.RunFacts),
+    model_parallel and your code directly. The dataset is opened once: the task's data loading gets the one the
+    settling looked at (shared_openings)."""
     with shared_openings():
         settled = settle(cfg, given)
-        task = make_task(settled.cfg, settled.key)
+        task = make_task(settled.cfg, settled.key, run)
         return settled, task, task.load_data(given)
 
 

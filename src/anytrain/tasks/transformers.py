@@ -56,7 +56,7 @@ class Transformers(Task):
         from ..data.hftext import load_hf_splits
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
-        self.data = load_hf_splits(self.cfg, self.tokenizer, given, **self.texts())
+        self.data = load_hf_splits(self.cfg, self.tokenizer, given, **self.texts(), multiple=self.run.pad_multiple)
         self.model_config = self.checked_config(self.tokenizer.pad_token_id)
         return self.data
 

@@ -28,9 +28,10 @@ from ...config import ConfigError, TrainConfig
 from ...data.splits import Splits
 from ...shape import DataShape
 from ...usermodel import logits_of
+from ..causal_lm.answers import Answers
 from ..causal_lm.logprobs import sequence_logps
 from ..contract import RunContext
-from ..hf_sft import SupervisedFineTuning
+from ..hf_lm import HFCausalLM
 from . import reference
 from .losses import LOSSES, Pairs
 from .options import REFERENCE_FREE, DPOOptions
@@ -38,7 +39,7 @@ from .options import REFERENCE_FREE, DPOOptions
 STATS = ("reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward")
 
 
-class DirectPreference(SupervisedFineTuning):
+class DirectPreference(HFCausalLM):
     name = "dpo"
     goals = {
         "loss": LOWER,
@@ -83,6 +84,8 @@ class DirectPreference(SupervisedFineTuning):
             self.reference = "adapter" if cfg.model.lora_r else "cached"
         else:
             self.reference = o.reference
+        self.stops: list[int] = []  # where a generated answer stops (load_data)
+        self.answers: Answers | None = None  # generated answers: exact match, the log's examples (load_data)
         self.frozen: nn.Module | None = None  # --reference live: the starting model, frozen (on_run_start)
         self.autocast: Callable = contextlib.nullcontext  # the run's precision for the reference (on_run_start)
 
@@ -90,6 +93,7 @@ class DirectPreference(SupervisedFineTuning):
         rows, form = load_pairs(self, given)
         self.stops = sorted({self.tokenizer.eos_token_id, *stop_tokens(self.tokenizer, rows["train"])} - {None})
         self.data.metadata.update(stop_ids=self.stops, chat_template="yes" if "chats" in form else "no")
+        self.answers = Answers(self.tokenizer, self.stops, self.run.main)
         return self.data
 
     def on_run_start(self, ctx: RunContext) -> None:
@@ -191,11 +195,11 @@ class DirectPreference(SupervisedFineTuning):
         stats = self.per_sample(table, targets)
         b = len(targets)  # the chosen sequences: their answers are what a prompt should get
         chosen = (inputs["input_ids"][:b], inputs["labels"][:b], inputs["attention_mask"][:b])
-        stats["exact_match"] = self.exact_match(model, *chosen)
+        stats["exact_match"] = cast(Answers, self.answers).exact_match(model, *chosen)
         return stats
 
     def metrics(self, sums: dict, count: int) -> dict:
-        self.say_shown()
+        cast(Answers, self.answers).say_shown()
         return {k: v.item() / count for k, v in sums.items()}
 
     def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
@@ -205,7 +209,12 @@ class DirectPreference(SupervisedFineTuning):
         return {**super().describe_data(model), "reference": self.reference, "dpo_loss": self.o.dpo_loss}
 
     def weights_metadata(self) -> dict:
-        return {**super().weights_metadata(), "dpo_loss": self.o.dpo_loss, "beta": self.o.beta}
+        meta = {**super().weights_metadata(), **self.data.metadata}  # + the stop ids, whether it trained on chats
+        return {**meta, "dpo_loss": self.o.dpo_loss, "beta": self.o.beta}
+
+    def sample(self, model: nn.Module, folder, meta: dict, prompt: str, settings: dict) -> str:
+        """The reply to the prompt, in a user turn of the chat template (as it is for text pairs)."""
+        return Answers.sample(model, folder, meta, prompt, settings)
 
 
 def example_table(logits: torch.Tensor) -> torch.Tensor:
@@ -226,12 +235,11 @@ def load_pairs(task, given) -> tuple[dict, str]:
     """What dpo and reward read the same way: the model's tokenizer, its config checked for the task (said before
     any data is read), then the pairs (tasks/dpo/pairs.py) as the task's Splits. Returns the rows and their format."""
     from ... import hf
-    from ...data.hftext import pad_multiple
     from .pairs import pair_rows
 
     task.tokenizer = hf.load_tokenizer(task.cfg)
     task.model_config = task.checked_config(task.tokenizer.pad_token_id)
-    rows, form, source, notes = pair_rows(task.cfg, task.tokenizer, given, pad_multiple())
+    rows, form, source, notes = pair_rows(task.cfg, task.tokenizer, given, task.run.pad_multiple)
     task.data = splits_of(rows, task.cfg, task.tokenizer, source, form)
     task.data.notes.extend(notes)
     return rows, form

@@ -27,10 +27,11 @@ from ...best import HIGHER, LOWER
 from ...config import ConfigError, TrainConfig
 from ...data.splits import Splits
 from ...shape import DataShape
+from ..causal_lm.answers import Answers
 from ..causal_lm.generation import Completions, Sampling, completion_keys, generate, model_eos, stop_ids
 from ..causal_lm.logprobs import completion_logps
 from ..contract import RunContext
-from ..hf_sft import SupervisedFineTuning
+from ..hf_lm import HFCausalLM
 from . import loss as objective
 from .completions import CompletionsTable, taken
 from .figures import Figures, reserved
@@ -58,7 +59,7 @@ class Rollout:
         return torch.tensor_split(torch.arange(len(self.advantages)), count)[k]
 
 
-class GroupRelative(SupervisedFineTuning):
+class GroupRelative(HFCausalLM):
     name = "grpo"
     goals = {"loss": LOWER, "reward": HIGHER, "greedy_reward": HIGHER}
     headline = "reward"
@@ -87,6 +88,7 @@ class GroupRelative(SupervisedFineTuning):
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
         self.o = cfg.section(self.name)
+        self.stops: list[int] = []  # where a completion stops (load_data)
         self.rewards: list = []  # the --reward functions (load_data; check_settled refused the run without one)
         self.rollout: Rollout | None = None
         self.figures = Figures()
@@ -99,8 +101,6 @@ class GroupRelative(SupervisedFineTuning):
 
     # --------------------------------------------------------------------------- data and model
     def load_data(self, given=None) -> Splits:
-        from accelerate.state import PartialState
-
         from ... import hf
 
         self.rewards = load_rewards(self.o.reward, self.o.reward_weights)
@@ -113,7 +113,7 @@ class GroupRelative(SupervisedFineTuning):
         rows, source, chats = load_prompts(self.cfg, self.tokenizer, given, self.prompt_room(positions))
         self.prompts = rows  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
         self.stops = stop_ids(self.tokenizer, model_eos(self.cfg, self.model_config), chats)
-        train = RolloutSlots(rows["train"], self.cfg, PartialState().num_processes)
+        train = RolloutSlots(rows["train"], self.cfg, self.run.processes)
         self.steps_per_epoch = train.rollouts * self.o.grpo_iterations
         shape = DataShape(
             "tokens", vocab_size=len(self.tokenizer), max_length=positions, pad_id=self.tokenizer.pad_token_id
@@ -323,6 +323,13 @@ class GroupRelative(SupervisedFineTuning):
         sampled one."""
         means = {k: sums[k].item() / max(sums[f"{k}_scored"].item(), 1.0) for k in ("reward", "greedy_reward")}
         return {"loss": -means["reward"], **means}
+
+    def weights_metadata(self) -> dict:
+        return {**super().weights_metadata(), **self.data.metadata}  # + the stop ids, whether it trained on chats
+
+    def sample(self, model: nn.Module, folder, meta: dict, prompt: str, settings: dict) -> str:
+        """The reply to the prompt, in a user turn of the chat template (as it is for text prompts)."""
+        return Answers.sample(model, folder, meta, prompt, settings)
 
     def describe_data(self, model: nn.Module) -> dict:
         o = self.o

@@ -12,11 +12,10 @@ from torch import nn
 
 from ...data.splits import Splits
 from ...hf import Head
-from ..classify import Classification
-from ..transformers import Transformers
+from ..hf_text import HFClassification
 
 
-class HFImageClassification(Transformers, Classification):
+class HFImageClassification(HFClassification):
     offers = frozenset({"export", "predict"})
     head = Head("AutoModelForImageClassification", "image-classification", labelled=True, positions=False)
 

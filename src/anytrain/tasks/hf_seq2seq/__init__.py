@@ -64,7 +64,11 @@ class Seq2Seq(TokenWeighted):
         self.model_config = self.checked_config(self.tokenizer.pad_token_id)
         start = self.model_config.decoder_start_token_id
         self.data = pair_splits(
-            self.cfg, self.tokenizer, self.tokenizer.pad_token_id if start is None else start, given
+            self.cfg,
+            self.tokenizer,
+            self.tokenizer.pad_token_id if start is None else start,
+            given,
+            self.run.pad_multiple,
         )
         return self.data
 

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from ...config import TrainConfig
-from ...data.hftext import pad_multiple
 from ...data.sources import carve_rows, opened, rows_to_predict
 from ...data.splits import Rows, Splits
 from ...data.textcls import check_texts
@@ -65,14 +64,13 @@ def encode(ds, tokenizer, source: str, target: str | None, max_length: int):
     return ds.map(tokenise, batched=True, remove_columns=ds.column_names, desc="tokenising pairs")
 
 
-def pair_splits(cfg: TrainConfig, tokenizer, decoder_start: int, given=None) -> Splits:
+def pair_splits(cfg: TrainConfig, tokenizer, decoder_start: int, given=None, multiple: int | None = None) -> Splits:
     """The pairs read, checked, carved and tokenised: Splits whose batches are (model inputs, target ids)."""
     splits, source_name = opened(cfg, given)
     source, target = columns(cfg)
     for name, ds in splits.items():
         check_texts(ds, source, source_name, name, label_column=target)
         check_texts(ds, target, source_name, name, flag="--label-column")
-    multiple = pad_multiple()
     parts = carve_rows(splits, cfg, source_name)
     rows = {
         name: PairRows(encode(ds, tokenizer, source, target, cfg.data.max_length), tokenizer, multiple, decoder_start)

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from ...config import ConfigError, TrainConfig, first_line
-from ...data.hftext import pad_multiple
 from ...data.packing import PackedRows
 from ...data.sources import carve_rows, opened
 from ...data.splits import Rows, Splits
@@ -246,7 +245,7 @@ def check_tokenizer(cfg: TrainConfig, tokenizer, form: str, ds) -> None:
         )
 
 
-def chat_splits(cfg: TrainConfig, tokenizer, given=None) -> tuple[Splits, list[int]]:
+def chat_splits(cfg: TrainConfig, tokenizer, given=None, multiple: int | None = None) -> tuple[Splits, list[int]]:
     """The chats read, checked, carved and tokenised: Splits whose batches are (model inputs, target ids), and
     the template's end-of-turn ids (what generation stops at; saved with the weights as 'stop_ids')."""
     splits, source = opened(cfg, given)
@@ -259,7 +258,7 @@ def chat_splits(cfg: TrainConfig, tokenizer, given=None) -> tuple[Splits, list[i
         )
     column = (cfg.data.text_column or MESSAGES) if form == MESSAGES else PROMPT
     check_tokenizer(cfg, tokenizer, form, train)
-    max_length, multiple = cfg.data.max_length, pad_multiple()
+    max_length = cfg.data.max_length
     renderers = {name: Renderer(form, column, tokenizer, source, name) for name in splits}
     encoded = {name: encode_split(ds, renderers[name]) for name, ds in splits.items()}
     notes = check_answers(list(renderers.values()), source)

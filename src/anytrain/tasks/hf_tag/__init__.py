@@ -32,7 +32,7 @@ class TokenClassification(TokenWeighted):
         from .hftags import tagged_splits
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
-        self.data = tagged_splits(self.cfg, self.tokenizer, given)
+        self.data = tagged_splits(self.cfg, self.tokenizer, given, self.run.pad_multiple)
         self.model_config = self.checked_config(self.tokenizer.pad_token_id)
         return self.data
 

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from ...config import ConfigError, TrainConfig
-from ...data.hftext import pad_multiple
 from ...data.sources import carve_rows, opened, rows_to_predict
 from ...data.splits import Rows, Splits
 from ...shape import IGNORE, DataShape
@@ -102,13 +101,12 @@ def load_tagged_splits(cfg: TrainConfig, tokenizer) -> tuple[dict, str, list[str
     return carve_rows(splits, cfg, source), source, names, ids
 
 
-def tagged_splits(cfg: TrainConfig, tokenizer, given=None) -> Splits:
+def tagged_splits(cfg: TrainConfig, tokenizer, given=None, multiple: int | None = None) -> Splits:
     """The tagged data, tokenised: Splits whose batches are ({input_ids, attention_mask, ...}, tags)."""
     if given is not None:
         raise ConfigError("dataset: token classification reads --dataset (a datasets object is not supported yet)")
     parts, source, names, ids = load_tagged_splits(cfg, tokenizer)
     words = cfg.data.text_column or WORDS
-    multiple = pad_multiple()
     rows = {
         name: TaggedRows(
             encode(ds, tokenizer, words, cfg.data.label_column, ids, cfg.data.max_length), tokenizer, multiple
