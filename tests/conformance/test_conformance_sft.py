@@ -1,0 +1,108 @@
+"""The specification of `--task sft`: one plain SGD step is lr times the gradient of the mean negative log-likelihood
+over every answer token of the optimizer step (TRL 1.16 SFTTrainer.compute_loss: -log_probs summed over the labelled
+tokens, divided by num_items_in_batch, the step's labelled tokens over its accumulated micro-batches).
+
+The answer tokens, as TRL labels them: for chats with several assistant turns (assistant-only loss, TRL's
+`{% generation %}` templates, e.g. trl/chat_templates/qwen2_5_training.jinja), each assistant turn's content and
+its end-of-turn tokens, i.e. what the model generates after the generation prompt (the training template also counts
+the newline after "assistant", which is the generation prompt's); for prompt/completion text (completion-only loss),
+the completion with the end-of-text token TRL appends, from where the prompt's tokens and the whole text's part.
+Each case is the same formula: one batch, two accumulated micro-batches (the mean is over the whole step's tokens,
+not a mean of micro-batch means), and --packing (the texts kept apart in packed rows).
+
+Models: the tests' Llama with a ChatML template (chats), the zoo's GPT-2 (absolute positions, tied embeddings) for
+prompt/completion text.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hfchecks import in_process
+from hfmodels import gpt2_tokenizer, tiny_llama
+from sgd import TOLERANCE, answer_logps, answer_mask, float64_model, sgd_flags, step_difference, trl_completion
+from textdata import write_jsonl
+from zoo import save_tiny
+
+from anytrain.data import instructions
+
+transformers = pytest.importorskip("transformers")
+
+ROWS = 4  # the training split: one optimizer step of all its rows
+MODES = {"one batch": ["--batch-size", "4"], "accumulated": ["--batch-size", "2", "--grad-accum-steps", "2"],
+         "packed": ["--batch-size", "4", "--packing"]}  # fmt: skip
+
+
+def multi_turn_chats(n: int) -> list[dict]:
+    """n of the bundled chats with two or more assistant turns (some with a system message)."""
+    rows = instructions.rows(200, seed=11)
+    return [r for r in rows if sum(m["role"] == "assistant" for m in r["messages"]) >= 2][:n]
+
+
+def prompt_completions(n: int) -> list[dict]:
+    rows = instructions.rows(n, seed=12)
+    return [{"prompt": f"Q: {r['messages'][-2]['content']}\nA:", "completion": " " + r["messages"][-1]["content"]}
+            for r in rows]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("conform_sft")
+    out = {"llama": tiny_llama(root / "llama"), "gpt2": save_tiny("gpt2", root / "gpt2", gpt2_tokenizer())}
+    for name, rows in (("chats", multi_turn_chats(ROWS + 2)), ("pairs", prompt_completions(ROWS + 2))):
+        (root / name).mkdir()
+        for split, part in (("train", rows[:ROWS]), ("validation", rows[ROWS:-1]), ("test", rows[-1:])):
+            write_jsonl(root / name / f"{split}.jsonl", part)
+        out[name] = root / name
+    return out
+
+
+def chat_answers(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:
+    """The chat rendered once; its answers: each assistant turn from the end of the generation prompt before it
+    through the end of the turn (the text the model generates, its end-of-turn tokens included)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = []
+    for k, turn in enumerate(messages):
+        if turn["role"] == "assistant":
+            start = len(tokenizer.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True))
+            through = tokenizer.apply_chat_template(messages[: k + 1], tokenize=False)
+            assert text.startswith(through) and through.endswith(turn["content"] + "<|im_end|>\n")
+            spans.append((start, len(through)))
+    return answer_mask(tokenizer, text, spans, special=False)
+
+
+def answer_sequences(tokenizer, rows: list[dict]) -> list[tuple[list[int], list[bool]]]:
+    if "messages" in rows[0]:
+        return [chat_answers(tokenizer, row["messages"]) for row in rows]
+    return [trl_completion(tokenizer, row["prompt"], [row["completion"]])[0] for row in rows]
+
+
+def sft_loss(model, tokenizer, rows: list[dict]) -> torch.Tensor:
+    """sum over the step's answer tokens of -log p(token | what precedes it), over their count."""
+    logps = torch.cat([answer_logps(model, ids, mask) for ids, mask in answer_sequences(tokenizer, rows)])
+    assert len(logps) >= 3 * len(rows)
+    return -logps.sum() / len(logps)
+
+
+def per_text_means(model, tokenizer, rows: list[dict]) -> torch.Tensor:
+    """The control: each text's mean token loss, averaged over the texts (not what TRL computes)."""
+    return torch.stack([-answer_logps(model, *seq).mean() for seq in answer_sequences(tokenizer, rows)]).mean()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("data, model", [("chats", "llama"), ("pairs", "gpt2")])
+def test_the_first_sgd_step_is_the_mean_answer_token_loss(folders, tmp_path, data, model, mode):
+    run = tmp_path / "run"
+    flags = ["--task", "sft", "--model", f"hf:{folders[model]}", "--dataset", str(folders[data]), *MODES[mode]]
+    summary = in_process(run, *flags, "--max-length", "128", *sgd_flags())
+    assert summary["optimizer_steps"] == 1 and summary["task"] == "sft" and summary["truncated_train_tokens"] == 0
+    assert ("packed_texts_kept_apart_by" in summary) == (mode == "packed")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folders[model])
+    start = float64_model(folders[model])
+    rows = [json.loads(line) for line in (folders[data] / "train.jsonl").read_text().splitlines()]
+    diff = step_difference(start, sft_loss(start, tokenizer, rows), run)
+    control = step_difference(start, per_text_means(start, tokenizer, rows), run)
+    print(f"sft {data} ({model}), {mode}: relative difference {diff:.2e} (per-text means: {control:.2e})")
+    assert diff < TOLERANCE and control > 100 * TOLERANCE
