@@ -21,7 +21,7 @@ Rollout and the weights it was sampled with); everything else is recomputed here
 
 At the first step the reference is the policy, so the KL term and its gradient vanish: the KL cases check the
 second step (its rollout sampled by, and its gradient taken at, the weights after the first; the reference the
-starting model). Cases that fail on today's code are marked xfail (strict), issue 46.
+starting model). Each case failed before issue 46's fixes where it says so in the guide's Conformance section.
 
 Model: the tests' Llama with a ChatML template, made to stop early now and then (completions of different lengths tell
 the three normalisations apart); 2 prompts x 4 completions of up to 6 tokens a step.
@@ -102,7 +102,7 @@ def stopping_llama(folder):
 def case(**given) -> dict:
     """A case's settings: TRL's defaults, as anytrain's flags default, unless given."""
     return {"loss": "dapo", "scale": "group", "importance": "token", "beta": 0.0, "temperature": 1.0,
-            "rewards": {"length": 1.0}, "accum": 1, "steps": 1, **given}  # fmt: skip
+            "rewards": {"length": 1.0}, "accum": 1, "steps": 1, "kl_correction": True, **given}  # fmt: skip
 
 
 def flags(folders, c: dict) -> list[str]:
@@ -114,6 +114,7 @@ def flags(folders, c: dict) -> list[str]:
         "--grad-accum-steps", str(c["accum"]), "--grpo-loss", c["loss"], "--scale-rewards", c["scale"],
         "--importance", c["importance"], "--kl-beta", str(c["beta"]), "--temperature", str(c["temperature"]),
         "--epsilon", str(EPS), "--seed", "5", *sgd_flags(steps=c["steps"]),
+        "--kl-bias-correction" if c["kl_correction"] else "--no-kl-bias-correction",
     ]  # fmt: skip
 
 
@@ -203,7 +204,8 @@ def grpo_loss(model, reference, pieces, adv: torch.Tensor, c: dict) -> torch.Ten
         if c["beta"]:
             with torch.no_grad():
                 ref = token_logps(reference, prompt + completion, c["temperature"])[len(prompt) - 1 :]
-            per_token = per_token + c["beta"] * ((ref - logp).exp() - (ref - logp) - 1) * coef_1
+            k3 = (ref - logp).exp() - (ref - logp) - 1  # TRL before 1.16: k3 alone (--no-kl-bias-correction)
+            per_token = per_token + c["beta"] * (k3 * coef_1 if c["kl_correction"] else k3)
         losses.append(per_token)
         counts.append(len(completion))
     if c["loss"] == "grpo":
@@ -215,14 +217,6 @@ def grpo_loss(model, reference, pieces, adv: torch.Tensor, c: dict) -> torch.Ten
 # --------------------------------------------------------------------------- the cases
 
 
-def issue_46(what: str):
-    return pytest.mark.xfail(strict=True, reason=f"issue 46: {what}")
-
-
-KL = issue_46(
-    "the KL term is not multiplied by the importance ratio coef_1 (TRL's use_bias_correction_kl, default True): "
-    "its gradient is beta (1 - exp(ref - logp)) dlogp instead of beta (logp - ref) dlogp"
-)
 CASES = [
     pytest.param(case(), id="dapo"),
     pytest.param(case(loss="grpo"), id="grpo"),
@@ -234,22 +228,12 @@ CASES = [
     pytest.param(case(accum=2), id="accumulated"),
     pytest.param(case(accum=2, loss="grpo"), id="accumulated grpo"),
     pytest.param(case(rewards={"odd_none": 1.0, "quarter_none": 0.5}), id="None for some"),
-    pytest.param(
-        case(rewards={"odd_none": 1.0, "second_none": 0.5}),
-        id="None from every function for some",
-        marks=issue_46(
-            "a completion every reward function returned None for counts as reward 0 in its group's mean and std "
-            "and gets an advantage, instead of none (TRL: NaN, left out, advantage 0)"
-        ),
-    ),
-    pytest.param(
-        case(temperature=0.7),
-        id="temperature 0.7",
-        marks=issue_46("the log-probabilities ignore --temperature (TRL: log_softmax(logits / temperature))"),
-    ),
+    pytest.param(case(rewards={"odd_none": 1.0, "second_none": 0.5}), id="None from every function for some"),
+    pytest.param(case(temperature=0.7), id="temperature 0.7"),
     pytest.param(case(steps=2), id="second step"),  # the control of the KL cases' second-step check
-    pytest.param(case(beta=0.1, steps=2), id="kl second step", marks=KL),
-    pytest.param(case(beta=0.1, steps=2, importance="sequence"), id="kl second step sequence", marks=KL),
+    pytest.param(case(beta=0.1, steps=2), id="kl second step"),
+    pytest.param(case(beta=0.1, steps=2, importance="sequence"), id="kl second step sequence"),
+    pytest.param(case(beta=0.1, steps=2, kl_correction=False), id="kl second step uncorrected"),
 ]
 
 
