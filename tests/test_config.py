@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,11 @@ def test_help_lists_every_option_with_its_default():
         assert o.flag in text, o.flag
     assert "(default: 2e-3)" in text or "(default: 0.002)" in text
     assert "--config" in text and "optim options:" in text  # grouped by section
+    batch = text.split("--batch-size BATCH_SIZE\n")[1].split("--grad-accum-steps GRAD_ACCUM_STEPS")[0]
+    batch = re.sub(r"(?<=-) ", "", " ".join(batch.split()))  # one line, as argparse wrapped it (also at a hyphen)
+    assert batch.startswith("samples per process per forward pass: the global batch is batch_size x processes x ")
+    grpo = "for grpo, prompts per process and optimizer step, each answered --num-generations times, the step's "
+    assert grpo + "completions split into --grad-accum-steps micro-batches" in batch  # prompts, not samples
 
 
 @pytest.mark.parametrize(

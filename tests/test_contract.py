@@ -52,6 +52,36 @@ def test_a_task_missing_a_required_method_or_a_capability_is_refused_in_one_line
         check(dict, "--task f.py:dict")
 
 
+def test_a_task_may_have_no_evaluation_loss_but_must_declare_its_headline():
+    """goals without "loss" (grpo's: it evaluates by generating) is a task without an evaluation loss; a headline its
+    goals do not name is refused in one line. evaluate takes metrics that fit the goals: a task with a loss returns
+    it, one without returns every metric it declares (the best weights' among them), and none returns an undeclared
+    one; --best-metric loss is refused for grpo."""
+    from anytrain.best import HIGHER, LOWER
+    from anytrain.tasks.base import metrics_fit
+    from anytrain.tasks.settle import best_metric
+
+    class Generates(Classification):
+        name = "generates"
+        goals = {"reward": HIGHER, "greedy_reward": HIGHER}
+        headline = "reward"
+
+    check(Generates, "--task f.py:Generates")
+    assert "loss" not in classes()["hf:grpo"].goals and classes()["hf:grpo"].headline == "reward"
+    assert all("loss" in cls.goals for key, cls in classes().items() if key != "hf:grpo")
+    with pytest.raises(ConfigError, match=r"^--best-metric: --task grpo logs reward, greedy_reward on validation, not"):
+        best_metric(TrainConfig(best_metric="loss"), classes()["hf:grpo"])
+    Generates.headline = "loss"
+    with pytest.raises(ConfigError, match=r"^--task f.py:Generates: Generates.goals must name its headline 'loss'$"):
+        check(Generates, "--task f.py:Generates")
+    no_loss, with_loss = Generates, type("Scores", (), {"goals": {"loss": LOWER, "accuracy": HIGHER}})
+    assert metrics_fit({"reward": 0.5, "greedy_reward": 1.0}, no_loss)
+    assert not metrics_fit({"reward": 0.5}, no_loss)  # greedy_reward missing: --best-metric could not find it
+    assert not metrics_fit({"loss": -0.5, "reward": 0.5, "greedy_reward": 1.0}, no_loss)  # a loss it did not declare
+    assert metrics_fit({"loss": 0.3, "accuracy": 0.9}, with_loss) and metrics_fit({"loss": 0.3}, with_loss)
+    assert not metrics_fit({"accuracy": 0.9}, with_loss)
+
+
 def test_no_refusal_stubs_a_capability_is_refused_from_its_declaration():
     """predict on a run whose task does not offer it: one line from the declaration, before anything is read."""
     from anytrain.tasks.contract import predictor, sampler

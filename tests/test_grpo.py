@@ -11,6 +11,8 @@ functions' TRL semantics and the completions table: test_grpo_rewards.py."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import random
 from pathlib import Path
@@ -297,12 +299,15 @@ def test_bad_input_is_one_line_each(folders, capsys, tmp_path):
 
 @pytest.fixture(scope="module")
 def learnt(folders, tmp_path_factory):
-    run = tmp_path_factory.mktemp("learnt") / "run"
-    return in_process(run, *args(folders, "--max-steps", "16", "--num-generations", "8", "--lr", "1e-2")), run
+    """The run's summary, its folder and what it printed."""
+    run, printed = tmp_path_factory.mktemp("learnt") / "run", io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        summary = in_process(run, *args(folders, "--max-steps", "16", "--num-generations", "8", "--lr", "1e-2"))
+    return summary, run, printed.getvalue()
 
 
 def test_the_reward_rises_and_every_figure_is_said(learnt):
-    summary, run = learnt
+    summary, run, _ = learnt
     train = [m for m in read_metrics(run) if m["kind"] == "train"]
     first, last = sum(m["reward"] for m in train[:4]) / 4, sum(m["reward"] for m in train[-4:]) / 4
     print(f"reward (share of 1s) over the first 4 steps {first:.4f}, the last 4 {last:.4f}")
@@ -312,6 +317,34 @@ def test_the_reward_rises_and_every_figure_is_said(learnt):
                 "clipped_low", "clipped_high", "generating"):  # fmt: skip
         assert key in train[-1], key
     assert 0 < train[-1]["generating"] < 1 and summary["num_generations"] == 8 and summary["rewards"] == ["ones"]
+
+
+def test_evaluation_says_the_rewards_and_no_loss(learnt):
+    """grpo evaluates by generating: its validation and test lines, metrics.jsonl's eval rows and summary.json hold
+    the sampled and greedy rewards and no loss (minus the reward was a number that read like a result); the training
+    lines keep the objective's value as their loss, and the best weights follow the validation reward (of two alike,
+    the first: no loss breaks the tie)."""
+    summary, run, printed = learnt
+    metrics = read_metrics(run)
+    evals = [m for m in metrics if m["kind"] == "eval"]
+    assert [(m["split"], m["step"]) for m in evals] == [("validation", 9), ("validation", 16), ("test", 16)]
+    for row in evals:
+        assert sorted(row) == ["epoch", "greedy_reward", "kind", "reward", "split", "step"], row
+        assert 0 <= row["reward"] <= 1 and 0 <= row["greedy_reward"] <= 1  # the share of 1s
+    best = max(evals[:2], key=lambda m: (m["reward"], -m["step"]))
+    assert (summary["best_metric"], summary["best_val_reward"]) == ("reward", best["reward"])
+    assert summary["final_weights_step"] == best["step"]
+    for row, prefix in ((best, "val"), (evals[2], "test")):
+        assert [summary[f"{prefix}_{k}"] for k in ("reward", "greedy_reward")] == [row["reward"], row["greedy_reward"]]
+    assert not {"val_loss", "test_loss", "best_val_loss"} & summary.keys() and summary["grpo_loss"] == "dapo"
+    train = [m for m in metrics if m["kind"] == "train"]
+    assert len(train) == 16 and all(isinstance(m["loss"], float) and abs(m["loss"]) < 10 for m in train)
+    said = [line for line in printed.splitlines() if "_reward " in line]
+    assert [line.split(", val_reward ")[0] for line in said[:2]] == ["epoch 0: step 9", "epoch 1: step 16"]
+    assert all(", val_greedy_reward " in line for line in said[:2]) and len(said) == 3
+    assert said[2].startswith("anytrain: test_reward ") and ", test_greedy_reward " in said[2]
+    assert not [line for line in said if "loss" in line]
+    assert "follow the validation reward (higher is better) (the headline metric of grpo)" in printed
 
 
 def test_accumulation_equals_one_batch_of_the_steps_completions(folders, tmp_path):

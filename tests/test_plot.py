@@ -73,6 +73,31 @@ def test_read_metrics_has_train_and_eval_lines(runs):
     clf, lm = read_metrics(runs["clf"]), read_metrics(runs["lm"])
     assert {r["kind"] for r in clf} == {"train", "eval"}
     assert any("tokens_per_s" in r for r in lm) and any("perplexity" in r for r in lm)
+    for name, records in (("clf", clf), ("lm", lm)):  # a task with an evaluation loss logs it (grpo has none)
+        summary = json.loads((runs[name] / "summary.json").read_text())
+        best = [r for r in records if r.get("split") == "validation" and r["step"] == summary["final_weights_step"]]
+        assert summary["val_loss"] == best[-1]["loss"] > 0, name
+        assert all(r["loss"] > 0 for r in records if r["kind"] == "eval"), name
+
+
+def test_the_loss_panel_says_validation_only_where_a_run_has_a_validation_loss():
+    """A task without an evaluation loss (grpo's eval rows hold rewards): its loss panel's legend is the training
+    line alone; beside a run with a validation loss, both styles."""
+    from matplotlib.figure import Figure
+
+    from anytrain.plot import _draw_panel
+
+    train = [{"kind": "train", "step": s, "loss": 1.0 / s} for s in (1, 2)]
+    rewards = [*train, {"kind": "eval", "split": "validation", "step": 2, "reward": 0.5, "greedy_reward": 0.7}]
+    losses = [*train, {"kind": "eval", "split": "validation", "step": 2, "loss": 0.4}]
+
+    def legend(runs):
+        ax = Figure().subplots()
+        _draw_panel(ax, ("loss", "Loss", "loss"), runs, ["C0", "C1"], ["a", "b"])
+        return [t.get_text() for t in ax.get_legend().get_texts()], [len(line.get_xdata()) for line in ax.lines]
+
+    assert legend([rewards]) == (["train"], [2, 0])  # the training curve; no validation points
+    assert legend([rewards, losses]) == (["train", "validation"], [2, 0, 2, 1])
 
 
 def test_one_run_default_output_in_run_folder(runs, tmp_path, capsys):

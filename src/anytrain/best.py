@@ -36,7 +36,7 @@ class Criterion:
     def improves(self, value: float, best: float | None, min_delta: float, loss: float, best_loss: float) -> bool:
         """Whether a validation beats the best so far (best None: none yet): its metric by more than min_delta,
         or the same metric at a lower loss (accuracy is coarse: of two validations alike in it, the one with
-        the lower loss); a NaN never does."""
+        the lower loss; a task without an evaluation loss passes inf for both: no tie-break); a NaN never does."""
         if not math.isfinite(value):
             return False
         if best is None:

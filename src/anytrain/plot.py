@@ -101,10 +101,9 @@ def _draw_panel(ax, panel: tuple[str, str, str], runs: list[list[dict]], colors:
     if key == "lr":
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     if key == "loss":  # which line is which: colour is the run, style is train or validation
-        styles = [
-            Line2D([], [], color="gray", label="train"),
-            Line2D([], [], color="gray", label="validation", **validation),
-        ]
+        styles = [Line2D([], [], color="gray", label="train")]
+        if any(_series(records, "eval", "loss", "validation")[0] for records in runs):  # grpo evaluates no loss
+            styles.append(Line2D([], [], color="gray", label="validation", **validation))
         ax.legend(handles=styles, loc="best", fontsize="small")
     if not ax.has_data():
         ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
@@ -117,7 +116,8 @@ def _draw_panel(ax, panel: tuple[str, str, str], runs: list[list[dict]], colors:
 
 def plot_runs(run_dirs: list[Path], output: Path) -> Path:
     """Write a PNG of the runs' curves against optimizer step and return its path: loss (train solid,
-    validation dashed with markers), validation accuracy and/or perplexity, learning rate, throughput."""
+    validation dashed with markers where the task has an evaluation loss), validation accuracy and/or perplexity,
+    learning rate, throughput."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D

@@ -563,10 +563,10 @@ class Loop:
                 "alone): the best weights and early stopping follow the validation loss"
             )
             self.best_by = Criterion("loss", higher=False)
-        value, best_loss = self.val[self.best_by.metric], progress.best_val.get("loss", math.inf)
-        if self.best_by.improves(
-            value, progress.best_value, self.cfg.eval.early_stopping_min_delta, self.val["loss"], best_loss
-        ):
+        # the loss breaks a tie in the metric; a task without an evaluation loss (grpo) has none: no tie-break
+        loss, best_loss = self.val.get("loss", math.inf), progress.best_val.get("loss", math.inf)
+        value, min_delta = self.val[self.best_by.metric], self.cfg.eval.early_stopping_min_delta
+        if self.best_by.improves(value, progress.best_value, min_delta, loss, best_loss):
             progress.best_value, progress.evals_without_improvement = value, 0
             progress.best_step, progress.best_val = progress.step, self.val
             with self.speed.paused():  # a copy on the CPU: not training time

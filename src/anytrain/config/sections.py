@@ -204,7 +204,9 @@ class OptimConfig:
     )
     batch_size: int = option(
         32,
-        "samples per process per forward pass (global batch = batch_size x processes x grad_accum_steps)",
+        "samples per process per forward pass: the global batch is batch_size x processes x grad_accum_steps; for "
+        "grpo, prompts per process and optimizer step, each answered --num-generations times, the step's "
+        "completions split into --grad-accum-steps micro-batches",
         bounds=POSITIVE,
         model_parallel=True,
     )

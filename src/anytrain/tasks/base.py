@@ -4,7 +4,8 @@ calls, the one-batch loss check, and evaluation.
 A model may return an object or dict with a `loss` (the transformers convention; it is given the
 targets as `labels=` or `targets=` when its forward takes one): the loop then trains on that loss.
 `--loss module:fn` (or `loss_fn=` from Python) trains on your own `fn(outputs, targets) -> scalar`.
-Validation and test metrics, early stopping included, always use the task's own per-sample loss.
+Validation and test metrics, early stopping included, always use the task's own per-sample loss (a task whose
+`goals` name no "loss", grpo, has no evaluation loss: its validation and test metrics are its others alone).
 
 Evaluation is written once (`evaluate`): the task turns a batch into per-sample statistics, those
 are gathered over ranks (dropping padded samples) and summed, and the task turns the sums into metrics.
@@ -120,13 +121,21 @@ def evaluate(model: nn.Module, batches, task: Task, gather=None, forward: Callab
                 stats = gather(stats)
             batch = {k: v.double().sum(0) for k, v in stats.items()}  # summed on the device: no host sync per batch
             sums = batch if sums is None else {k: sums[k] + batch[k] for k in sums}
-            count += len(stats["loss"])
+            count += len(next(iter(stats.values())))  # every statistic is per sample
     if sums is None:
         raise ConfigError("evaluation: a split has no batches")
     metrics = task.metrics({k: v.cpu() for k, v in sums.items()}, count)
-    if "loss" not in metrics or not metrics.keys() <= task.goals.keys():  # each metric's direction is declared
+    if not metrics_fit(metrics, task):
         raise TypeError(f"task {task.name}: metrics() returned {sorted(metrics)}, its goals name {sorted(task.goals)}")
     return {**metrics, "samples": count}
+
+
+def metrics_fit(metrics: dict, task: Task) -> bool:
+    """Each metric's direction is declared (in goals); a task with an evaluation loss returns it (a model that returns
+    its loss alone gives nothing else), one without returns every metric it declares (the best weights' among them)."""
+    if not metrics.keys() <= task.goals.keys():
+        return False
+    return "loss" in metrics if "loss" in task.goals else metrics.keys() == task.goals.keys()
 
 
 def per_position(outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:

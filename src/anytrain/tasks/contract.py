@@ -6,7 +6,8 @@ the run context a task's step is given (`RunContext`), and the optional capabili
 
     class Task(contract.Task):
         name = "smooth"                                  # what the start-up line and summary.json call it
-        goals = {"loss": LOWER, "accuracy": HIGHER}      # every metric `metrics` returns, and its direction
+        goals = {"loss": LOWER, "accuracy": HIGHER}      # every metric `metrics` returns, and its direction;
+                                                         # without "loss": no evaluation loss (grpo's)
         headline = "accuracy"                            # the best weights' and early stopping's metric
         offers = frozenset({"predict"})                  # + predict_inputs, predict_batch
         options = SmoothOptions                          # its own option() fields: flags, YAML, resume check
@@ -16,7 +17,7 @@ the run context a task's step is given (`RunContext`), and the optional capabili
         def build_model(self, given=None) -> nn.Module   # the model to train
         def model_from_metadata(self, meta, given=None)  # the model saved weights load into
         def loss(self, outputs, targets) -> Tensor       # the training loss, a scalar
-        def per_sample(self, outputs, targets) -> dict   # evaluation: per-sample statistics, with a "loss"
+        def per_sample(self, outputs, targets) -> dict   # evaluation: per-sample statistics (a "loss")
         def metrics(self, sums, count) -> dict           # the split's metrics from the summed statistics
         def example_targets(self, shape, batch)          # targets to check a model and a loss on
 
@@ -137,7 +138,9 @@ class Task(abc.ABC):
     tokenizer, target statistics, a transformers config)."""
 
     name: ClassVar[str] = ""  # the --task it trains
-    goals: ClassVar[dict[str, str]] = {"loss": LOWER}  # every metric `metrics` returns, best.HIGHER or LOWER
+    # every metric `metrics` returns, best.HIGHER or LOWER; "loss" among them unless the task has no evaluation loss
+    # (grpo evaluates by generating: its validation and test lines and summary.json then hold no loss)
+    goals: ClassVar[dict[str, str]] = {"loss": LOWER}
     headline: ClassVar[str] = "loss"  # the metric users judge the task by (best weights, early stopping)
     offers: ClassVar[frozenset[str]] = frozenset()  # its optional capabilities (CAPABILITIES)
     options: ClassVar[type | None] = None  # a frozen dataclass of config.option() fields: its own section
@@ -174,10 +177,10 @@ class Task(abc.ABC):
     def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor: ...  # the training loss, a scalar
 
     @abc.abstractmethod
-    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]: ...  # with a "loss"
+    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]: ...  # a "loss" if goals name one
 
     @abc.abstractmethod
-    def metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]: ...  # with a "loss"
+    def metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]: ...  # "loss" if goals name it
 
     @abc.abstractmethod
     def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor: ...  # to check a model, a loss
@@ -355,5 +358,5 @@ def check(cls: type, who: str) -> None:
                 raise ConfigError(f"{who}: {cls.__name__} offers {capability} but does not define {method}")
     if cls.step_shares and cls.loss_sum is Task.loss_sum:
         raise ConfigError(f"{who}: {cls.__name__} has step_shares but does not define loss_sum")
-    if cls.headline not in cls.goals or "loss" not in cls.goals:
-        raise ConfigError(f"{who}: {cls.__name__}.goals must name 'loss' and its headline '{cls.headline}'")
+    if cls.headline not in cls.goals:  # "loss" may be left out: a task without an evaluation loss (grpo)
+        raise ConfigError(f"{who}: {cls.__name__}.goals must name its headline '{cls.headline}'")

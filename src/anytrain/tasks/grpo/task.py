@@ -7,8 +7,9 @@ micro-batches, for --grpo-iterations steps per rollout. The loop is the one ever
 task's step (`train_step`) is what differs.
 
 Validation and test: each held-out prompt answered once by sampling (its own key, the run's temperature) and once
-greedily; `reward` and `greedy_reward` are their mean rewards, and the loss is minus the sampled one (what GRPO
-maximises). The best weights are those of the best validation reward. The model exports to run_dir/hf and
+greedily; `reward` and `greedy_reward` are their mean rewards. There is no evaluation loss (goals name none): the
+validation and test lines and summary.json hold the rewards alone; the training lines keep the objective's value as
+their loss. The best weights are those of the best validation reward. The model exports to run_dir/hf and
 `anytrain sample` answers, as sft's do.
 """
 
@@ -23,7 +24,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ...best import HIGHER, LOWER
+from ...best import HIGHER
 from ...config import ConfigError, TrainConfig
 from ...data.splits import Splits
 from ...shape import DataShape
@@ -61,7 +62,7 @@ class Rollout:
 
 class GroupRelative(HFCausalLM):
     name = "grpo"
-    goals = {"loss": LOWER, "reward": HIGHER, "greedy_reward": HIGHER}
+    goals = {"reward": HIGHER, "greedy_reward": HIGHER}  # no "loss": it evaluates by generating, not by a loss
     headline = "reward"
     offers = frozenset({"export", "sample", "lora"})
     options = GRPOOptions
@@ -315,14 +316,11 @@ class GroupRelative(HFCausalLM):
             done = generate(unwrapped(model), prompts, k, self.sampling())
             reward = total(self.score(done, rows, split, 1)[0], self.rewards).to(targets.device)
             stats[name], stats[f"{name}_scored"] = reward.nan_to_num(0.0), (~reward.isnan()).double()
-        stats["loss"] = -stats["reward"]
         return stats
 
     def metrics(self, sums: dict, count: int) -> dict:
-        """Each reward's mean over the completions some function scored (0 where none was); the loss, minus the
-        sampled one."""
-        means = {k: sums[k].item() / max(sums[f"{k}_scored"].item(), 1.0) for k in ("reward", "greedy_reward")}
-        return {"loss": -means["reward"], **means}
+        """Each reward's mean over the completions some function scored (0 where none was); no loss."""
+        return {k: sums[k].item() / max(sums[f"{k}_scored"].item(), 1.0) for k in ("reward", "greedy_reward")}
 
     def weights_metadata(self) -> dict:
         return {**super().weights_metadata(), **self.data.metadata}  # + the stop ids, whether it trained on chats
