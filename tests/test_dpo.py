@@ -170,20 +170,24 @@ def answer_tokens(tokenizer, rows: list[dict], form: str) -> list[list[int]]:
 
 
 def test_implicit_text_pairs_score_every_answer_token_of_a_byte_level_bpe(folders):
-    """A byte-level BPE joins a word to the space before it (" 42" one token): the answer's first token holds the
-    space that ends the shared beginning, and it is the answer's, as are all of the answer's tokens."""
+    """Implicit text pairs are split as TRL's extract_prompt splits them (" A: 16" against " A: 15": the prompt ends
+    with the shared "1"); a byte-level BPE may join an answer's first characters to the prompt's last (" 16" one
+    token): every token holding a character of the answer is the answer's, so none of it is lost."""
     from transformers import AutoTokenizer
+
+    from anytrain.tasks.dpo.pairs import text_split
 
     tokenizer = AutoTokenizer.from_pretrained(folders["llama"])  # GPT-2's byte-level BPE (tests/hfmodels.py)
     tokenizer.pad_token = tokenizer.eos_token
     rows = question_pairs(60, "implicit")
-    texts = [row[k].split(" A: ", 1)[1] for row in rows for k in ("chosen", "rejected")]
-    got = answer_tokens(tokenizer, rows, "implicit")
-    answers = [tokenizer.decode(ids).lstrip() for ids in got]
-    lost = {k // 2 for k, (answer, text) in enumerate(zip(answers, texts)) if not answer.startswith(text)}
-    assert not lost, f"{len(lost)} of {len(rows)} pairs lose their answer's first token"  # 19 of 60 before the fix
-    end = tokenizer.eos_token
-    assert got == [tokenizer(f" {text}{end}")["input_ids"] for text in texts]  # the answer text's tokens, all
+    splits = [text_split(row["chosen"], row["rejected"]) for row in rows]
+    texts = [row[k][cut:] for row, cut in zip(rows, splits) for k in ("chosen", "rejected")]
+    assert any(not text.startswith(" ") for text in texts)  # answers sharing their first digits: split inside them
+    got, end = answer_tokens(tokenizer, rows, "implicit"), tokenizer.eos_token
+    whole = [tokenizer(row[k] + end)["input_ids"] for row in rows for k in ("chosen", "rejected")]
+    lost = {k // 2 for k, (ids, text) in enumerate(zip(got, texts)) if not tokenizer.decode(ids).endswith(text + end)}
+    assert not lost, f"{len(lost)} of {len(rows)} pairs lose an answer's character"
+    assert all(ids == full[len(full) - len(ids) :] for ids, full in zip(got, whole))  # the text's own last tokens
 
 
 def test_an_explicit_text_prompt_ending_in_a_space_scores_the_answers_first_token(folders):

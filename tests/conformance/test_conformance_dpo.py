@@ -155,16 +155,10 @@ def test_implicit_text_prompts_whose_answers_differ_from_their_first_character(f
     assert one_step(folders, tmp_path / "run", "implicit", loss, "--batch-size", "4") < TOLERANCE
 
 
-SPLIT = pytest.mark.xfail(
-    strict=True,
-    reason="implicit text prompts: anytrain splits at the last space of the shared beginning (answers ' 16' and "
-    "' 15'), TRL's extract_prompt at the first character that differs (prompt '... A: 1', answers '6' and '5')",
-)
-
-
-@pytest.mark.parametrize("loss", ["sigmoid", *(pytest.param(name, marks=SPLIT) for name in ("ipo", "simpo", "orpo"))])
+@pytest.mark.parametrize("loss", ["sigmoid", "ipo", "simpo", "orpo"])
 def test_implicit_text_prompts_whose_answers_share_their_beginning(folders, tmp_path, loss):
     """Answers "16" and "15": TRL's prompt ends with the shared "1"; "125." against "12.": the answers are "5." and ".".
     The sigmoid loss cannot tell the splits apart (a shared token has the same log-probability in both answers and
-    cancels in pi_c - pi_r); the per-token losses can (the answers' token counts differ)."""
+    cancels in pi_c - pi_r); the per-token losses can (the answers' token counts differ): before issue 46 anytrain
+    split at the last space (answers " 16" and " 15"), and ipo, simpo and orpo were 0.52, 0.50 and 0.67 away."""
     assert one_step(folders, tmp_path / "run", "shared", loss, "--batch-size", "4") < TOLERANCE

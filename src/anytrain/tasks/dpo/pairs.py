@@ -3,8 +3,9 @@
     prompt, chosen, rejected   text, or lists of {"role", "content"} messages (the prompt rendered by the chat
                                template with its generation prompt, each answer as the turns that follow it)
     chosen, rejected           implicit prompt: whole chats that share every turn but the last assistant answer
-                               (or texts: the prompt is their common beginning up to its last space or newline;
-                               a space there begins the answers, as TRL splits them, a newline ends the prompt)
+                               (or texts split as TRL's extract_prompt splits them: the prompt is their common
+                               beginning up to the first character where they differ, less a space just before
+                               it, which begins both answers: " 12." and " 125." share the prompt "... 12")
 
 A pair becomes two token sequences, the prompt followed by each answer (text ends with the end-of-text token; a
 chat is rendered by the template). An answer's tokens are those that hold any of its characters, so its end-of-turn
@@ -16,8 +17,6 @@ An answer longer than the room left is cut at --max-length (said at start, with 
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import torch
@@ -51,9 +50,7 @@ def answer_text(value, name: str, where: str):
 def implicit_prompt(chosen, rejected, where: str):
     """(prompt, chosen answer, rejected answer) of chats or texts that share their prompt."""
     if isinstance(chosen, str) and isinstance(rejected, str):
-        shared = os.path.commonprefix([chosen, rejected])
-        cut = max(shared.rfind(" "), shared.rfind("\n"))
-        cut += shared[cut : cut + 1] != " "  # a space begins the answer (TRL's split), a newline ends the prompt
+        cut = text_split(chosen, rejected)
         if not chosen[:cut].strip():
             raise ConfigError(f"{where}: chosen and rejected share no prompt (implicit prompt: no common beginning)")
         return chosen[:cut], chosen[cut:], rejected[cut:]
@@ -65,6 +62,17 @@ def implicit_prompt(chosen, rejected, where: str):
             "and they differ there"
         )
     return chosen[:-1], chosen[-1:], rejected[-1:]
+
+
+def text_split(chosen: str, rejected: str) -> int:
+    """Where TRL 1.16's extract_prompt (trl/data_utils.py) ends the prompt of two texts: at the first character where
+    they differ, one earlier where a space precedes it (the space begins the answers); where one text is the other's
+    beginning, before the shorter one's last character (its loop's last index)."""
+    shortest = min(len(chosen), len(rejected))
+    cut = next((k for k in range(shortest) if chosen[k] != rejected[k]), shortest - 1)
+    if cut < shortest and chosen[cut] != rejected[cut] and chosen[cut - 1] == " ":
+        cut -= 1
+    return cut
 
 
 class PairRenderer:
