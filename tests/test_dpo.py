@@ -275,7 +275,9 @@ def test_the_lora_reference_is_the_base_models_own_log_probabilities(folders):
             p.data.normal_(0, 0.5)
     task = DirectPreference.__new__(DirectPreference)  # the step's parts alone, no run around them
     task.reference, task.frozen, task.autocast = "adapter", None, contextlib.nullcontext
-    inputs, _ = rows.__getitems__(list(range(4)))
+    batch = rows.__getitems__(list(range(4)))  # a typed batch: the inputs and the pairs' reference (not cached: NaN)
+    assert type(batch).__name__ == "PairBatch" and batch.reference.shape == (4, 2) and batch.reference.isnan().all()
+    inputs = batch.inputs
     table = task.table(lambda batch: model(**batch), inputs, model)
     with torch.no_grad():
         own = sequence_logps(lambda batch: base(**batch), inputs)

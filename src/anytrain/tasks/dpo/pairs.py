@@ -18,6 +18,8 @@ An answer longer than the room left is cut at --max-length (said at start, with 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -111,6 +113,15 @@ class PairRenderer:
         return through, len(before)
 
 
+class PairBatch(NamedTuple):
+    """A batch of B pairs: the model's inputs for its 2B sequences (the chosen first) and the pairs' reference
+    log-probabilities (B, 2: chosen, rejected; NaN where they are not cached). A tuple, so the loop unpacks it as
+    (inputs, targets) like any batch."""
+
+    inputs: dict
+    reference: torch.Tensor
+
+
 class PairRows(Rows):
     """Tokenised pairs, each two sequences (chosen, rejected) held as flat int32 arrays with offsets. A batch of
     B pairs is 2B sequences, the B chosen first: padded one a row (input_ids, attention_mask), or with `packed`
@@ -150,10 +161,10 @@ class PairRows(Rows):
         inputs = self.packed_batch(seqs) if self.packed else self.padded_batch(seqs)
         if not self.answers_in_inputs:
             inputs = {k: inputs[k] for k in ("input_ids", "attention_mask")}
-        targets = torch.full((len(indices), 2), float("nan"))
+        reference = torch.full((len(indices), 2), float("nan"))
         if self.reference is not None:
-            targets = self.reference[torch.as_tensor(indices)]
-        return inputs, targets
+            reference = self.reference[torch.as_tensor(indices)]
+        return PairBatch(inputs, reference)
 
     def width(self, longest: int) -> int:
         return -(-longest // self.multiple) * self.multiple if self.multiple else longest

@@ -35,6 +35,7 @@ from ..hf_lm import HFCausalLM
 from . import reference
 from .losses import LOSSES, Pairs
 from .options import REFERENCE_FREE, DPOOptions
+from .pairs import PairBatch
 
 STATS = ("reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward")
 
@@ -127,11 +128,10 @@ class DirectPreference(HFCausalLM):
             getattr(self.data, split).reference = logps
 
     # --------------------------------------------------------------------------- the step
-    def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
+    def train_step(self, ctx: RunContext, batch: PairBatch) -> torch.Tensor:
         """The batch's pairs through the model (ctx.forward: its wrappers synchronise the gradients), the reference
         beside them, then the loss: the sum over the pairs over the batch's share of the step's pairs."""
-        inputs, targets = batch
-        return ctx.loss(self.table(ctx.forward, inputs, ctx.model), targets)
+        return ctx.loss(self.table(ctx.forward, batch.inputs, ctx.model), batch.reference)
 
     def table(self, call: Callable, inputs: dict, model: nn.Module) -> torch.Tensor:
         """(2B, 3), one row a sequence (the chosen, then the rejected): its answer's log-probability, the answer's
