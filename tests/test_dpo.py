@@ -491,16 +491,21 @@ def test_a_bert_decoder_is_a_causal_lm_and_an_encoder_may_score_pairs(folders, t
 # --------------------------------------------------------------------------- the reward model
 
 
-def test_a_reward_model_learns_the_pairs_exports_and_predicts(folders, tmp_path):
+@pytest.mark.parametrize(
+    "extra, accuracy",
+    [((), 0.8), (("--lora-r", "8", "--lr", "1e-2"), 0.65)],  # LoRA: adapters and the score head (peft's SEQ_CLS)
+    ids=["full", "lora"],
+)
+def test_a_reward_model_learns_the_pairs_exports_and_predicts(folders, tmp_path, extra, accuracy):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from anytrain.predict import predict
 
     run_dir = tmp_path / "reward"
-    summary = in_process(
-        run_dir, "--task", "reward", *args(folders, "--max-steps", "20", "--batch-size", "8", "--lr", "3e-3")
-    )
-    assert summary["task"] == "reward" and summary["test_accuracy"] >= 0.8, summary
+    flags = ("--max-steps", "20", "--batch-size", "8", "--lr", "3e-3", *extra)
+    summary = in_process(run_dir, "--task", "reward", *args(folders, *flags))
+    assert summary["task"] == "reward" and summary["test_accuracy"] >= accuracy, summary
+    assert (run_dir / "adapter").is_dir() == bool(extra)  # LoRA: the adapter beside the merged model in hf/
     model = AutoModelForSequenceClassification.from_pretrained(run_dir / "hf").eval()
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "hf")
     assert model.config.num_labels == 1

@@ -16,7 +16,8 @@ from torch import nn
 from .config import ConfigError, TrainConfig, first_line
 
 ADAPTER = "adapter"  # run_dir/adapter: the adapter's save_pretrained folder
-PEFT_TASKS = {"AutoModelForCausalLM": "CAUSAL_LM"}  # the transformers heads LoRA adapts here
+# the transformers heads LoRA adapts here (a sequence classifier's score head trains beside the adapters: SEQ_CLS)
+PEFT_TASKS = {"AutoModelForCausalLM": "CAUSAL_LM", "AutoModelForSequenceClassification": "SEQ_CLS"}
 
 
 def peft():
