@@ -103,11 +103,38 @@ def tables_only(cfg: TrainConfig, name: str) -> None:
         )
 
 
-class Classification(Labelled):
-    name = "classify"
-    offers = frozenset({"predict", "streaming"})
+class ClassIds:
+    """What a classifier over class ids computes, composed by classify and the transformers classifiers (a part, not
+    a task): cross-entropy, each sample's loss and correctness, their means, example targets, predict's rows."""
+
     goals = {"loss": LOWER, "accuracy": HIGHER}
     headline = "accuracy"
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs, targets)
+
+    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        return per_position(outputs, targets)
+
+    def metrics(self, sums: dict, count: int) -> dict:
+        return means(sums, count)
+
+    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
+        return torch.zeros(batch, dtype=torch.long)
+
+    def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]:
+        """What predict prints for a classifier's rows: the most likely class, its name and probability."""
+        names = meta.get("class_names")
+        best, ids = outputs.float().softmax(-1).max(-1)
+        return [
+            {"class_id": k, "class_name": names[k] if names else None, "probability": p}
+            for k, p in zip(ids.tolist(), best.tolist())
+        ]
+
+
+class Classification(ClassIds, Labelled):
+    name = "classify"
+    offers = frozenset({"predict", "streaming"})
 
     @classmethod
     def detect(cls, source) -> str | None:
@@ -134,28 +161,3 @@ class Classification(Labelled):
 
         self.data = load_text_class_splits(self.cfg, given)
         return self.data
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(outputs, targets)
-
-    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        return per_position(outputs, targets)
-
-    def metrics(self, sums: dict, count: int) -> dict:
-        return means(sums, count)
-
-    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
-        return torch.zeros(batch, dtype=torch.long)
-
-    def predictions(self, outputs: torch.Tensor, meta: dict) -> list[dict]:
-        return class_predictions(outputs, meta)
-
-
-def class_predictions(outputs: torch.Tensor, meta: dict) -> list[dict]:
-    """What predict prints for a classifier's rows: the most likely class, its name and probability."""
-    names = meta.get("class_names")
-    best, ids = outputs.float().softmax(-1).max(-1)
-    return [
-        {"class_id": k, "class_name": names[k] if names else None, "probability": p}
-        for k, p in zip(ids.tolist(), best.tolist())
-    ]
