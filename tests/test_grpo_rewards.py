@@ -4,14 +4,17 @@ A completion no function scored is unscorable: left out of its group's mean and 
 standard deviations, advantage 0, left out of the logged reward (the advantages equal TRL's formula, written out
 here); bools are numbers; the functions get trainer_state, log_metric and log_extra, also when a failing row is
 looked for; what they log reaches the log line and run_dir/completions.jsonl, whose rows say each completion's
-values, reward and advantage, and which a resumed run appends to (the rows it samples again dropped)."""
+values, reward and advantage, and which a resumed run appends to (the rows it samples again dropped); the trackers
+that take tables get those rows (wandb's log_table, tensorboard's text summary as a markdown table)."""
 
 from __future__ import annotations
 
 import json
 import math
 import random
+import re
 import statistics
+from html.parser import HTMLParser
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,7 +26,7 @@ from hfmodels import tiny_llama
 
 from anytrain.config import ConfigError
 from anytrain.tasks.grpo import loss as objective
-from anytrain.tasks.grpo.completions import CompletionsTable
+from anytrain.tasks.grpo.completions import TAG, CompletionsTable
 from anytrain.tasks.grpo.figures import Figures, reserved
 from anytrain.tasks.grpo.rewards import Reward, RewardCall, TrainerState, scores, total
 
@@ -201,6 +204,81 @@ def test_a_resumed_run_keeps_the_rows_sampled_before_its_step_and_appends(tmp_pa
     assert path.read_text() == ""  # a fresh run starts the file again
 
 
+class Cells(HTMLParser):
+    """The cells of an HTML table (each stripped, as markdown strips them), a <br> a newline."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.inside = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.rows[-1].append("")
+            self.inside = True
+        elif tag == "br":
+            self.rows[-1][-1] += "\n"
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.inside = False
+            self.rows[-1][-1] = self.rows[-1][-1].strip()
+
+    def handle_data(self, data):
+        if self.inside:
+            self.rows[-1][-1] += data
+
+
+def shown(value) -> str:
+    """A value (text as it is, others as JSON) as the table cell shows it: stripped, its line ends newlines, a tab a
+    space, other control characters \ufffd."""
+    text = re.sub(r"\r\n?", "\n", value if isinstance(value, str) else json.dumps(value)).replace("\t", " ")
+    return re.sub(r"[\x00-\x08\x0b\x0c\x0e-\x1f]", "\ufffd", text).strip()
+
+
+class TableTracker:
+    """A tracker with accelerate's log_table (wandb's, clearml's), recording its calls."""
+
+    name = "wandb"
+
+    def __init__(self):
+        self.calls = []
+
+    def log_table(self, table_name, columns=None, data=None, dataframe=None, step=None):
+        self.calls.append((table_name, columns, data, step))
+
+
+def test_a_tracker_with_log_table_gets_the_windows_rows_as_the_file_holds_them(tmp_path):
+    markdown_to_safe_html = pytest.importorskip("tensorboard.plugin_util").markdown_to_safe_html
+    table, wandb, numbers_only = CompletionsTable(), TableTracker(), SimpleNamespace(name="mlflow")
+    texts = []
+    writer = SimpleNamespace(add_text=lambda *args, **kwargs: texts.append((args, kwargs)), flush=lambda: None)
+    tensorboard = SimpleNamespace(name="tensorboard", tracker=writer)
+    table.start(tmp_path, main=True)
+    chat = [{"role": "user", "content": "2 + 2 ="}]
+    args = {"prompts": [chat, "1 + 1 ="], "completions": ["<think>4 | 2*2*1</think>\n4", "2"]}
+    values = torch.tensor([[1.0, NAN], [0.0, 0.5]], dtype=torch.float64)
+    reward, advantage = torch.tensor([1.0, 0.25], dtype=torch.float64), torch.tensor([0.5, -0.5])
+    table.add(4, args, values, ["answer", "step"], reward, advantage, {"length": np.array([3, 1])})
+    assert table.flush([numbers_only, wandb, tensorboard])  # the one without log_table gets nothing, and nothing fails
+    rows = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    columns = ["step", "prompt", "completion", "answer", "reward_step", "reward", "advantage", "length"]
+    as_cells = [[json.dumps(v) if isinstance(v, list) else v for v in row.values()] for row in rows]  # a chat: JSON
+    assert [list(row) for row in rows] == [columns] * 2
+    assert wandb.calls == [(TAG, columns, as_cells, 4)]
+    assert as_cells == [
+        [4, json.dumps(chat), "<think>4 | 2*2*1</think>\n4", 1.0, None, 1.0, 0.5, 3],
+        [4, "1 + 1 =", "2", 0.0, 0.5, 0.25, -0.5, 1],
+    ]
+    (tag, text), step = texts[0][0], texts[0][1]["global_step"]
+    cells = Cells()  # the markdown table as TensorBoard shows it: <think>, |, * and the newline as written
+    cells.feed(markdown_to_safe_html(text))
+    assert (tag, step) == (TAG, 4) and cells.rows == [columns, *([shown(v) for v in row] for row in as_cells)]
+    assert table.flush([wandb, tensorboard]) == [] and len(wandb.calls) == len(texts) == 1  # handed over once
+
+
 # --------------------------------------------------------------------------- through a run
 
 REWARDS = '''
@@ -268,3 +346,29 @@ def test_a_run_logs_what_its_rewards_log_and_writes_the_completions_table(folder
         assert isinstance(row["prompt"], list) and row["prompt"][-1]["content"].endswith(" =")
     printed = capsys.readouterr().out
     assert printed.count("completions:\n  ...'") == 3 and "(reward " in printed and "advantage " in printed
+
+
+def test_tensorboard_gets_each_windows_rows_as_a_markdown_table_in_a_text_summary(folders, tmp_path):
+    markdown_to_safe_html = pytest.importorskip("tensorboard.plugin_util").markdown_to_safe_html
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    in_process(
+        tmp_path / "run", "--model", f"hf:{folders['model']}", "--dataset", str(folders["data"]),
+        "--reward", f"{folders['root'] / 'rewards.py'}:shaped", "--num-generations", "4", "--max-new-tokens", "6",
+        "--batch-size", "2", "--max-steps", "2", "--log-every-steps", "1", "--eval-every-steps", "0",
+        "--report-to", "tensorboard", "--run-name", "grpo",
+    )  # fmt: skip
+    rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(next((tmp_path / "run" / "trackers" / "grpo").rglob("events.*")).parent))
+    events.Reload()
+    summaries = events.Tensors(f"{TAG}/text_summary")  # torch's add_text: the text plugin's summary
+    assert [e.step for e in summaries] == [0, 1] and [r["step"] for r in rows] == [0] * 8 + [1] * 8
+    for summary in summaries:
+        cells = Cells()  # the markdown rendered as TensorBoard's Text tab renders it
+        cells.feed(markdown_to_safe_html(summary.tensor_proto.string_val[0]))
+        header, *body = cells.rows
+        window = [r for r in rows if r["step"] == summary.step]
+        assert header == list(window[0]) == ["step", "prompt", "completion", "shaped", "reward", "advantage", "length"]
+        expected = [[shown(v) for v in row.values()] for row in window]
+        assert body == expected  # completions, rewards: the file's
+    assert any(r["reward"] is not None for r in rows)

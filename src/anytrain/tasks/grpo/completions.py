@@ -11,12 +11,20 @@ gathered: the other processes' completions are sampled and scored alike), each r
 and prints SHOWN of them, the best and the worst by reward: `  ...prompt tail -> completion (reward r, advantage
 a)`. A fresh run starts the file again; a resumed one keeps the rows sampled before its checkpoint and appends (those
 from the checkpoint's step on, which the resumed run samples again, are dropped when it first rolls out).
+
+The same rows, at the step in their "step" column, go to the run's trackers that take tables (--report-to): those
+with accelerate's log_table (wandb, clearml) get table TAG, its columns and rows as the file holds them (a chat
+prompt, or any list or dict, as its JSON text); tensorboard, which has no table type, gets them as a markdown table
+in text summary TAG (its Text tab renders it). mlflow and trackio get none: accelerate gives them no table call (its
+mlflow tracker logs numbers only; trackio would take a trackio.Table through log, untested here without trackio).
 """
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -28,6 +36,10 @@ FILE = "completions.jsonl"
 ROWS = 8  # per log window
 SHOWN = 2  # printed at each log line
 FIXED = ("step", "prompt", "completion", "reward", "advantage")
+TAG = "completions"  # the trackers' table and text summary
+MARKDOWN = re.compile(r"[\\`*_{}\[\]()#+\-.!|]")  # what a backslash escapes in (Python-)Markdown with tables
+NEWLINE = re.compile(r"\r\n?|\n")  # each ends a markdown line
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")  # what a renderer drops, or shows as ?, or takes for its own
 
 
 def columns(names: list[str]) -> list[str]:
@@ -69,16 +81,52 @@ class CompletionsTable:
             row.update({column: column_values[k] for column, column_values in extra.items()})
             self.rows.append(row)
 
-    def flush(self) -> list[str]:
-        """Appends the window's rows to the file; returns the lines to print (none when there are no rows)."""
+    def flush(self, trackers=()) -> list[str]:
+        """Appends the window's rows to the file and hands them to `trackers` (accelerator.trackers) that take
+        tables; returns the lines to print (none when there are no rows)."""
         rows, self.rows = self.rows, []
         if self.path is None or not rows:
             return []
+        lines = [json.dumps(row, default=plain) for row in rows]
         with open(self.path, "a") as f:
-            f.write("".join(json.dumps(row, default=plain) + "\n" for row in rows))
+            f.write("".join(line + "\n" for line in lines))
+        hand_over(trackers, [json.loads(line) for line in lines])
         scored = sorted((r for r in rows if r["reward"] is not None), key=lambda r: -r["reward"])
         shown = [scored[0], scored[-1]] if len(scored) > 1 else scored or rows[:1]
         return ["completions:", *(said(row) for row in shown[:SHOWN])]
+
+
+def hand_over(trackers, rows: list[dict]) -> None:
+    """The rows (as the file holds them) to each tracker that takes a table, at their step; the others get none."""
+    columns = list(dict.fromkeys(column for row in rows for column in row))
+    data = [[flat(row.get(column)) for column in columns] for row in rows]
+    step = rows[0]["step"]
+    for tracker in trackers:
+        if tracker.name == "tensorboard":  # its .tracker: the SummaryWriter
+            tracker.tracker.add_text(TAG, markdown(columns, data), global_step=step)
+            tracker.tracker.flush()
+        elif callable(getattr(tracker, "log_table", None)):  # wandb, clearml
+            tracker.log_table(TAG, columns=columns, data=data, step=step)
+
+
+def flat(value):
+    """A table cell: a list or dict (a chat prompt) as its JSON text, other values as they are."""
+    return json.dumps(value) if isinstance(value, (list, dict)) else value
+
+
+def markdown(columns: list[str], data: list[list]) -> str:
+    """A markdown table of the rows."""
+    lines = [[cell(c) for c in columns], ["---"] * len(columns), *([cell(v) for v in values] for values in data)]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+
+
+def cell(value) -> str:
+    """A value as a markdown table cell shows it: text as it is, other values as JSON (null, 0.5); markdown's
+    characters escaped (2*3*4 is not in italics), HTML's too (a completion's <think> is not taken for a tag), newlines
+    as <br>, a tab a space, other control characters \ufffd."""
+    text = html.escape(value if isinstance(value, str) else json.dumps(value), quote=False)
+    text = CONTROL.sub("\ufffd", text.replace("\t", " "))
+    return NEWLINE.sub("<br>", MARKDOWN.sub(r"\\\g<0>", text))
 
 
 def keep_before(path: Path, step: int) -> None:

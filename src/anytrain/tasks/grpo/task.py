@@ -293,12 +293,12 @@ class GroupRelative(HFCausalLM):
         return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds}
 
     def train_figures(self, accelerator) -> dict:
-        """The figures since the last line; the completions table's rows written, two of them printed (main
-        process)."""
+        """The figures since the last line; the completions table's rows written, handed to the trackers that take
+        tables, two of them printed (main process)."""
         from tqdm.auto import tqdm
 
         figures = self.figures.take(accelerator)
-        shown = self.table.flush()
+        shown = self.table.flush(accelerator.trackers)
         if shown:
             tqdm.write("\n".join(shown))
         return figures
