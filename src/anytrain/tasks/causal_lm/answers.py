@@ -15,6 +15,7 @@ from ...config import ConfigError
 from ...shape import IGNORE
 from ..hf_seq2seq import unwrapped
 from .generation import Sampling, completion_keys, generate
+from .prompts import prompt_ids
 
 SHOWN = 3  # generations printed after each evaluation
 
@@ -93,13 +94,8 @@ class Answers:
         reply on any device or batch)."""
         from ...hf import max_positions
 
-        tokenizer = self.tokenizer
-        if chats:
-            asked = [{"role": "user", "content": prompt}]
-            text = tokenizer.apply_chat_template(asked, tokenize=False, add_generation_prompt=True)
-            ids = tokenizer(text, add_special_tokens=False).input_ids
-        else:
-            ids = tokenizer(prompt).input_ids
+        asked = [{"role": "user", "content": prompt}] if chats else prompt
+        ids = prompt_ids(self.tokenizer, asked, "--prompt")
         positions = max_positions(model.config) or settings["tokens"] + 1
         if settings["tokens"] >= positions:
             raise ConfigError(f"--tokens must be fewer than the model's {positions} positions")

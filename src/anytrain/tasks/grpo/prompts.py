@@ -19,7 +19,7 @@ import torch
 from ...config import ConfigError, TrainConfig
 from ...data.sources import carve_rows, opened
 from ...data.splits import Rows
-from ..hf_sft.chats import check_messages, render
+from ..causal_lm.prompts import prompt_ids
 
 PROMPT = "prompt"
 ANSWERED = ("completion", "chosen", "rejected", "messages")  # columns of data that already holds answers
@@ -111,25 +111,12 @@ class RolloutSlots(Rows):
         return self.prompts.ids
 
 
-def prompt_text(tokenizer, prompt, where: str) -> str:
-    """The prompt as the model reads it: text as it is, a chat rendered by the template with its generation prompt."""
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise ConfigError(f"{where}: the prompt is empty")
-        return prompt
-    if not isinstance(prompt, list):
-        raise ConfigError(f"{where}: the prompt must be text or a list of messages, got {type(prompt).__name__}")
-    check_messages(prompt, where, answered=False)
-    return render(tokenizer, prompt, True)
-
-
 def prompt_rows(ds, tokenizer, source: str, split: str, room: tuple[int, str]) -> PromptRows:
     """A split's prompts tokenised as generation reads them (a chat's special tokens are the template's), each whole:
     a prompt longer than `room` (the most tokens a prompt may have, and why) is refused, naming the longest."""
     ids, prompts = [], []
     for index, row in enumerate(ds):
-        text = prompt_text(tokenizer, row[PROMPT], f"--dataset: row {index} of the {split} split of {source}")
-        ids.append(tokenizer(text, add_special_tokens=isinstance(row[PROMPT], str)).input_ids)
+        ids.append(prompt_ids(tokenizer, row[PROMPT], f"--dataset: row {index} of the {split} split of {source}"))
         prompts.append(row[PROMPT])
     longest = max(range(len(ids)), key=lambda k: len(ids[k]), default=None)
     if longest is not None and len(ids[longest]) > room[0]:
