@@ -14,6 +14,7 @@ import pytest
 
 from anytrain.config import SECTIONS, ConfigError, TrainConfig
 from anytrain.tasks import REGISTRY, classes, make_task
+from anytrain.tasks.base import owns_step
 from anytrain.tasks.classify import Classification
 from anytrain.tasks.contract import CAPABILITIES, Task, check
 
@@ -38,9 +39,12 @@ def test_a_task_missing_a_required_method_or_a_capability_is_refused_in_one_line
     class Smooth(Classification):
         name = "smooth"
 
-    del_loss = type("NoLoss", (Task,), {"name": "x", **{m: lambda *a: None for m in REQUIRED if m != "loss"}})
+    given = {m: lambda *a: None for m in [*REQUIRED, "example_targets"]}
+    del_loss = type("NoLoss", (Task,), {"name": "x", **given})
     with pytest.raises(ConfigError, match=r"^--task f.py:NoLoss: NoLoss does not define the required method loss$"):
         check(del_loss, "--task f.py:NoLoss")
+    own_step = type("OwnStep", (Task,), {"name": "x", **{m: lambda *a: None for m in [*REQUIRED, "train_step"]}})
+    check(own_step, "--task f.py:OwnStep")  # its own step: neither loss nor example_targets (issue 46)
     check(Smooth, "--task f.py:Smooth")
     Smooth.offers = frozenset({"predict", "sample"})
     with pytest.raises(ConfigError, match=r"Smooth offers sample but does not define sample$"):
@@ -317,6 +321,9 @@ def test_the_causal_lm_tasks_compose_one_core_rather_than_stand_in_a_tower():
                     callers.append(f"{path.relative_to(SRC)}:{node.name}")
             if isinstance(node, ast.Assign) and "tasks" in path.relative_to(SRC).parts:
                 assigners += [path.name for t in node.targets if isinstance(t, ast.Attribute) and t.attr == "forward"]
+    for key, kept in (("hf:dpo", "loss"), ("hf:grpo", "")):  # they own their step, which the start-up check runs:
+        cls = classes()[key]  # no example targets (nor grpo a loss) for it; dpo's loss is its formula, its step's own
+        assert owns_step(cls) and {"loss", "example_targets", "example_table"} & set(vars(cls)) <= {kept}, key
     model_calls = [c for c in callers if not c.startswith("gpt.py")]  # gpt.py: the built-in GPT, not transformers
     assert model_calls == ["tasks/causal_lm/generation.py:generate", "tasks/hf_seq2seq/__init__.py:generate"], callers
     assert not assigners, assigners

@@ -359,6 +359,28 @@ def test_accumulation_equals_one_batch_of_the_steps_completions(folders, tmp_pat
     assert losses[0] == pytest.approx(losses[1], abs=1e-6)
 
 
+def test_the_start_up_check_runs_one_rollout_and_step_that_count_for_nothing(folders, tmp_path, monkeypatch):
+    """Issue 46: grpo owns its step, so the start-up check runs it (a rollout of the first prompts, then the loss) and
+    grpo forgets it (after_check): the run's weights, every logged figure and its completions table equal those of the
+    same run without the check; the reward functions were called once more, for it."""
+    from anytrain import trainer
+
+    flags = args(folders, "--max-steps", "2", "--grad-accum-steps", "2", "--kl-beta", "0.1")
+    called = []
+    original = trainer.check_step
+    monkeypatch.setattr(trainer, "check_step", lambda task, ctx: called.append(task.name) or original(task, ctx))
+    in_process(tmp_path / "checked", *flags)
+    monkeypatch.setattr(trainer, "check_step", lambda task, ctx: None)
+    in_process(tmp_path / "unchecked", *flags)
+    assert called == ["grpo"]
+    runs = [tmp_path / "checked", tmp_path / "unchecked"]
+    assert max_abs_diff(*(load_model(run).state_dict() for run in runs)) == 0.0
+    drop = ("seconds", "samples_per_s", "tokens_per_s", "generating", "mfu", "achieved_tflops", "elapsed")
+    rows = [[{k: v for k, v in m.items() if k not in drop} for m in read_metrics(run)] for run in runs]
+    assert rows[0] == rows[1] and len(rows[0]) >= 2
+    assert (runs[0] / "completions.jsonl").read_text() == (runs[1] / "completions.jsonl").read_text()
+
+
 @pytest.mark.launch
 def test_two_ranks_equal_one_rank_with_twice_the_prompts(folders, tmp_path):
     """Also what a reward function logs with log_metric, in an order that differs between the processes."""

@@ -189,10 +189,14 @@ def test_a_resumed_run_keeps_the_rows_sampled_before_its_step_and_appends(tmp_pa
     table.start(tmp_path, main=True)
     args = {"prompts": ["2 + 2 ="], "completions": [[{"role": "assistant", "content": "4"}]]}
     reward, advantage = torch.tensor([1.0], dtype=torch.float64), torch.tensor([0.0])
+    before = path.read_text()
+    table.add(0, args, torch.tensor([[0.0, 0.0]], dtype=torch.float64), ["answer", "reward"], reward, advantage, {})
+    table.forget()  # the start-up check's rollout (step 0 of a run resumed at 3): neither kept nor counted
     table.add(3, args, torch.tensor([[1.0, NAN]], dtype=torch.float64), ["answer", "reward"], reward, advantage,
               {"note": ["ok"]})  # fmt: skip
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2]  # 3 and on: redone
+    assert path.read_text() == before  # nothing written until the log line
     shown = table.flush()
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()[:-1]] == [0, 1, 2]  # 3 on: redone
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows[-1] == {"step": 3, "prompt": "2 + 2 =", "completion": "4", "answer": 1.0, "reward_reward": None,
                         "reward": 1.0, "advantage": 0.0, "note": "ok"}  # fmt: skip
@@ -201,7 +205,8 @@ def test_a_resumed_run_keeps_the_rows_sampled_before_its_step_and_appends(tmp_pa
     fresh = CompletionsTable()
     fresh.start(tmp_path, main=True)
     fresh.add(0, args, torch.tensor([[1.0, 0.0]], dtype=torch.float64), ["answer", "b"], reward, advantage, {})
-    assert path.read_text() == ""  # a fresh run starts the file again
+    fresh.flush()
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0]  # a fresh run starts it again
 
 
 class Cells(HTMLParser):

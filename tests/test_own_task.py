@@ -191,9 +191,16 @@ def test_an_own_task_predicts_and_a_moved_file_is_said(files, one, tmp_path):
         files["task"].with_suffix(".bak").rename(files["task"])
 
 
+def default_step(task: str) -> str:
+    """The task above without its own train_step: the default step (forward, then its loss)."""
+    return re.sub(r"\n    def train_step\(.*?\n\n", "\n", task, flags=re.S)
+
+
 def test_a_task_without_its_loss_is_refused_in_one_line_naming_it(files, capsys, tmp_path):
+    """The default step computes the task's loss: a task that keeps that step must define it (one that owns its step
+    need not)."""
     broken = tmp_path / "broken.py"
-    broken.write_text(re.sub(r"\n    def loss\(.*?\n\n", "\n", TASK, flags=re.S))
+    broken.write_text(re.sub(r"\n    def loss\(.*?\n\n", "\n", default_step(TASK), flags=re.S))
     assert "def loss" not in broken.read_text() and "def per_sample" in broken.read_text()
     out = tmp_path / "out"
     err = run_cli_error(capsys, ["--task", f"{broken}:Smoothed", "--output-dir", str(out)])
@@ -316,11 +323,11 @@ def test_a_task_file_alone_trains_its_one_task_class(files, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def variant(tmp_path: Path, old: str, new: str) -> Path:
-    """The task above with one line changed, in a file of its own."""
-    assert old in TASK
+def variant(tmp_path: Path, old: str, new: str, task: str = TASK) -> Path:
+    """The task above (or `task`) with one line changed, in a file of its own."""
+    assert old in task
     path = tmp_path / f"variant_{len(list(tmp_path.glob('variant_*')))}.py"
-    path.write_text(TASK.replace(old, new))
+    path.write_text(task.replace(old, new))
     return path
 
 
@@ -329,30 +336,32 @@ STEP = "return (losses * (running / running.mean()).float()[targets]).mean()"
 
 
 def test_a_bad_loss_of_an_own_task_is_blamed_on_the_task_not_the_model(files, tmp_path, capsys):
-    """Its loss non-scalar or NaN on the batch of 2 (before anything is written), its train_step non-scalar or NaN
-    while training: each names --task FILE.py:Class's loss or train_step, never --model."""
+    """With the default step, its loss non-scalar or NaN on the batch of 2; with its own step, that step non-scalar or
+    NaN on its first 2 training rows, checked at start (issue 46: the start-up check runs the task's own step): each
+    one line before any step or output, naming --task FILE.py:Class's loss or train_step, never --model."""
     run = ["--dataset", str(files["table"]), "--model", "mlp", "--hidden-sizes", "8", "--epochs", "1"]
     run += ["--log-every-steps", "1", "--no-progress", "--no-plot", "--output-dir", str(tmp_path / "out")]
-    vector = variant(tmp_path, LOSS, LOSS.replace("smoothing)", "smoothing, reduction='none')"))
+    plain = default_step(TASK)
+    vector = variant(tmp_path, LOSS, LOSS.replace("smoothing)", "smoothing, reduction='none')"), plain)
     err = run_cli_error(capsys, ["--task", f"{vector}:Smoothed", *run])
     assert err == f"train.py: error: --task {vector}:Smoothed's loss: the loss must be a scalar float tensor; got (2,)"
-    nan = variant(tmp_path, LOSS, LOSS.replace("return ", "return float('nan') * "))
+    nan = variant(tmp_path, LOSS, LOSS.replace("return ", "return float('nan') * "), plain)
     err = run_cli_error(capsys, ["--task", f"{nan}:Smoothed", *run])
     assert err == f"train.py: error: --task {nan}:Smoothed's loss: the loss on a batch of 2 is nan before any training"
     assert not (tmp_path / "out").exists()
     step = variant(tmp_path, STEP, STEP.removesuffix(".mean()"))
     err = run_cli_error(capsys, ["--task", f"{step}:Smoothed", *run, "--batch-size", "16"])
     assert err == (
-        f"train.py: error: --task {step}:Smoothed's train_step returned a torch.float32 tensor of shape (16,), not "
+        f"train.py: error: --task {step}:Smoothed's train_step returned a torch.float32 tensor of shape (2,), not "
         "the batch's loss (a scalar float tensor)"
     )
     nan_step = variant(tmp_path, STEP, STEP.replace("return ", "return float('nan') * "))
-    with pytest.raises(SystemExit) as stopped:
-        main(["--task", f"{nan_step}:Smoothed", *run, "--overwrite"])
-    assert stopped.value.code == 1
-    err = capsys.readouterr().err
-    assert f"the training loss (what --task {nan_step}:Smoothed's train_step returned) became non-finite (nan)" in err
-    assert "--model" not in err
+    err = run_cli_error(capsys, ["--task", f"{nan_step}:Smoothed", *run, "--overwrite"])
+    assert err == (
+        f"train.py: error: --task {nan_step}:Smoothed's train_step: the loss on 2 training rows is nan before any "
+        "training"
+    )
+    assert not any((tmp_path / "out" / name).exists() for name in ("config.yaml", "metrics.jsonl", "summary.json"))
 
 
 def test_an_own_task_named_as_a_registry_task_is_refused_in_one_line(files, tmp_path, capsys):
@@ -367,3 +376,24 @@ def test_an_own_task_named_as_a_registry_task_is_refused_in_one_line(files, tmp_
         'another name (name = "my_classify"): summary.json and the start-up line name the task by it'
     )
     assert not out.exists()
+
+
+def test_the_start_up_check_runs_the_tasks_own_step_and_leaves_no_trace(files, one, tmp_path, monkeypatch):
+    """Issue 46: a task that owns its step is checked at start by that step, on its first 2 training rows, before
+    step 1; its kept state (the running class losses), the random generators and the weights are as they were, so the
+    run equals one without the check bit for bit."""
+    from anytrain import trainer
+    from anytrain.tasks import base
+
+    calls = []
+    checked = base.check_step
+    monkeypatch.setattr(
+        trainer, "check_step", lambda task, ctx: calls.append(len(task.data.train)) or checked(task, ctx)
+    )
+    main([*args(files, 32), "--output-dir", str(tmp_path / "checked")])
+    assert calls == [512]  # once, on the training split (512 rows)
+    monkeypatch.setattr(trainer, "check_step", lambda task, ctx: None)
+    main([*args(files, 32), "--output-dir", str(tmp_path / "unchecked")])
+    checked_run, unchecked = (load_model(tmp_path / k).state_dict() for k in ("checked", "unchecked"))
+    assert max_abs_diff(checked_run, unchecked) == 0.0
+    assert max_abs_diff(load_model(one).state_dict(), checked_run) == 0.0  # the module's run: checked too

@@ -49,7 +49,17 @@ from .runlock import RunLock, check_not_in_use
 from .scenario import describe, format_scenario, make_accelerator, prepare
 from .shares import Weight, epoch_weights, split_as_it_falls
 from .tasks import META_KEY, is_own
-from .tasks.base import best_criterion, check_loss, evaluate, loss_owner, step_loss, training_loss, user_loss_function
+from .tasks.base import (
+    best_criterion,
+    check_loss,
+    check_step,
+    evaluate,
+    loss_owner,
+    owns_step,
+    step_loss,
+    training_loss,
+    user_loss_function,
+)
 from .tasks.contract import RunContext, RunFacts, Task, exporter
 from .tasks.settle import Settled, load
 from .usermodel import forward_for, model_name
@@ -296,8 +306,9 @@ def setup(cfg: TrainConfig, accelerator: Accelerator, lock: RunLock, given: Give
     forward = forward_for(model, task.targets_to_model)  # model(inputs), + the targets if it computes its own loss
     criterion = training_loss(task, user_loss)
     who = loss_owner(task, cfg.model.name, user_loss)  # your own task's loss is blamed on it, not on --model
-    with accelerator.autocast():  # in the precision training will use
-        check_loss(criterion, model, task, data.shape, forward, who)  # scalar, finite, requires grad: before step 1
+    if not owns_step(task):  # the default step: scalar, finite, requires grad, on a batch of 2, before step 1
+        with accelerator.autocast():  # in the precision training will use
+            check_loss(criterion, model, task, data.shape, forward, who)
     check_writable(run_dir)  # the first write: nothing above may leave anything behind
     take_lock(accelerator, lock)
     if pointer_warning:
@@ -327,6 +338,8 @@ def prepare_parts(context: RunContext, task: Task, data: Splits, reason: str, re
     }
     progress = Progress(config=cfg.to_dict(), data=described)
     task.on_run_start(context)  # what the task prepares once, from the starting weights (a reference, a copy)
+    if owns_step(task):  # its own step, once on its first training rows as training will run it (then forgotten)
+        check_step(task, context)
     if resume_from is not None:
         state = load_checkpoint(accelerator, resume_from, cfg, task.positions(cfg))  # model, optimizer, RNG states
         progress.load_state_dict(state["progress"])

@@ -13,8 +13,12 @@ are gathered over ranks (dropping padded samples) and summed, and the task turns
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -82,10 +86,16 @@ def step_loss(loss, task: Task) -> torch.Tensor:
     raise ConfigError(f"--task {task.key}'s train_step returned {got}, not the batch's loss (a scalar float tensor)")
 
 
+def owns_step(task: Task | type[Task]) -> bool:
+    """Whether the task's step is its own (train_step overridden): the start-up check then runs that step."""
+    cls = task if isinstance(task, type) else type(task)
+    return cls.train_step is not Task.train_step
+
+
 def check_loss(loss: Callable, model: nn.Module, task: Task, shape: DataShape, forward: Callable, who: str) -> None:
-    """One forward pass and one loss on a batch of 2, whatever the model returns or its forward takes (eval
-    mode: no dropout, so no random numbers drawn): the loss must be a finite float scalar that requires grad.
-    `who` names the option to blame: --loss, or --model for a model's own loss."""
+    """The default step's start-up check: one forward pass and one loss on a batch of 2, whatever the model returns
+    or its forward takes (eval mode: no dropout, so no random numbers drawn): the loss must be a finite float scalar
+    that requires grad. `who` names the option to blame: --loss, or --model for a model's own loss."""
     inputs, targets = shape.example_inputs(2), task.example_targets(shape, 2)
     was_training = model.training
     model.eval()
@@ -95,13 +105,58 @@ def check_loss(loss: Callable, model: nn.Module, task: Task, shape: DataShape, f
         raise ConfigError(f"{who}: computing the loss on a batch of 2 failed: {first_line(e)}") from None
     finally:
         model.train(was_training)
+    check_value(value, who, "a batch of 2")
+
+
+def check_value(value, who: str, what: str) -> None:
+    """A start-up check's loss: a finite float scalar that requires grad, else one line naming `who`."""
     if not isinstance(value, torch.Tensor) or value.numel() != 1 or not value.dtype.is_floating_point:
         got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise ConfigError(f"{who}: the loss must be a scalar float tensor; got {got}")
     if not torch.isfinite(value.detach()):
-        raise ConfigError(f"{who}: the loss on a batch of 2 is {value.item()} before any training")
+        raise ConfigError(f"{who}: the loss on {what} is {value.item()} before any training")
     if not value.requires_grad:
         raise ConfigError(f"{who}: the loss does not require grad: it is not computed from the model's weights")
+
+
+def check_step(task: Task, ctx, rows: int = 2) -> None:
+    """The start-up check of a task that owns its step: that step, as training will run it (the prepared model, the
+    task started), on its first `rows` training rows, in eval mode without gradient sync and without a backward pass,
+    every random number generator's state kept; then the task's kept state (state_dict) is restored and it forgets
+    the rest (after_check). Its loss must be a finite float scalar that requires grad, else one line naming the
+    task's train_step."""
+    from accelerate.utils import send_to_device
+
+    who = f"--task {task.key}'s train_step"
+    train = cast(Any, task.data.train)  # rows by index (Rows: __getitems__, as the loader fetches them)
+    batch = send_to_device(train.__getitems__(list(range(min(rows, len(train))))), ctx.accelerator.device)
+    model, accelerator = ctx.model, ctx.accelerator
+    was_training, kept = model.training, task.state_dict()
+    model.eval()
+    try:
+        with kept_random_states(accelerator.device), accelerator.no_sync(model):
+            value = task.train_step(ctx, batch)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the task's step (or its model): one line, not its traceback
+        raise ConfigError(f"{who}: it failed on {rows} training rows at start: {first_line(e)}") from None
+    finally:
+        model.train(was_training)
+    check_value(step_loss(value, task), who, f"{rows} training rows")
+    task.load_state_dict(kept)  # what the step changed of the task's kept state (a running statistic) undone
+    task.after_check()
+
+
+@contextmanager
+def kept_random_states(device: torch.device):
+    """Every generator a step may draw from (python, numpy, torch's CPU and the device's), as it was before."""
+    python, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy_state)
 
 
 # --------------------------------------------------------------------------- evaluation

@@ -16,17 +16,20 @@ the run context a task's step is given (`RunContext`), and the optional capabili
         def load_data(self, given=None) -> Splits        # read, check, split (data.splits.Splits); self.run: RunFacts
         def build_model(self, given=None) -> nn.Module   # the model to train
         def model_from_metadata(self, meta, given=None)  # the model saved weights load into
-        def loss(self, outputs, targets) -> Tensor       # the training loss, a scalar
         def per_sample(self, outputs, targets) -> dict   # evaluation: per-sample statistics (a "loss")
         def metrics(self, sums, count) -> dict           # the split's metrics from the summed statistics
-        def example_targets(self, shape, batch)          # targets to check a model and a loss on
+        def loss(self, outputs, targets) -> Tensor       # the default step's training loss, a scalar
+        def example_targets(self, shape, batch)          # ... and targets to check it on at start
 
         def train_step(self, ctx, batch) -> Tensor       # one batch's loss; by default forward, then loss
         def on_run_start(self, ctx)                      # once, before step 1: what the task prepares
+        def after_check(self)                            # its own step was checked once at start: forget it
         def state_dict(self) / load_state_dict(state)    # what it keeps across a kill (in the checkpoint)
         def rank_state(self) / load_rank_state(tensors)  # ... each process's own tensors (a file each)
 
-The loop, predict, sample and reload call nothing else on a task.
+`loss` and `example_targets` are required of a task that keeps the default step (the start-up check runs it on a
+batch of 2 made from the data's shape); a task that owns its step needs neither: the check runs its train_step on
+its first training rows, as training will run it. The loop, predict, sample and reload call nothing else on a task.
 """
 
 from __future__ import annotations
@@ -173,8 +176,9 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module: ...  # the model saved weights load into
 
-    @abc.abstractmethod
-    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor: ...  # the training loss, a scalar
+    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+        """The training loss, a scalar: what the default step computes (required unless the task owns its step)."""
+        raise NotImplementedError(f"task {self.name}: the default step needs loss")
 
     @abc.abstractmethod
     def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]: ...  # a "loss" if goals name one
@@ -182,8 +186,10 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]: ...  # "loss" if goals name it
 
-    @abc.abstractmethod
-    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor: ...  # to check a model, a loss
+    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
+        """Targets to check a model and a loss on (the default step's start-up check; required unless the task owns
+        its step, which is checked on its own training rows instead)."""
+        raise NotImplementedError(f"task {self.name}: the default step's check needs example_targets")
 
     # --------------------------------------------------------------------------- defaults
     def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
@@ -213,6 +219,10 @@ class Task(abc.ABC):
         """The task's own figures for a training log line (and summary.json's first and last), since the last line:
         every process calls this together, so it may reduce over them. None by default: no figures."""
         return {}
+
+    def after_check(self) -> None:
+        """A task that owns its step: the start-up check has just run that step once on its first training rows (after
+        on_run_start, before step 1); forget what it left behind (figures, a rollout). Nothing by default."""
 
     def on_run_start(self, ctx: RunContext) -> None:
         """Once per launch, before the first step: the model is prepared and holds its starting weights (a
@@ -345,6 +355,8 @@ def check(cls: type, who: str) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise ConfigError(f"{who}: {getattr(cls, '__name__', cls)} is not a task class (subclass anytrain.Task)")
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if cls.train_step is Task.train_step:  # the default step computes the loss, checked on example targets
+        missing += [m for m in ("example_targets", "loss") if getattr(cls, m) is getattr(Task, m)]
     if missing:
         raise ConfigError(f"{who}: {cls.__name__} does not define the required method {', '.join(missing)}")
     if not cls.name:

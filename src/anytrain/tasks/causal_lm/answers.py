@@ -13,8 +13,7 @@ from torch import nn
 
 from ...config import ConfigError
 from ...shape import IGNORE
-from ..hf_seq2seq import unwrapped
-from .generation import Sampling, completion_keys, generate
+from .generation import Sampling, completion_keys, generate, unwrapped
 from .prompts import prompt_ids
 
 SHOWN = 3  # generations printed after each evaluation

@@ -132,7 +132,7 @@ def stop_ids(tokenizer, model_eos, chats: bool) -> list[int]:
     """Where a completion stops (as TRL's GRPOTrainer): the tokenizer's end-of-text token, the model's generation
     config's eos_token_id (an id or a list), and for chats the special tokens the template closes an assistant turn
     with (its end of turn)."""
-    from ..hf_sft.chats import render
+    from .prompts import render
 
     stops = {tokenizer.eos_token_id} | set(model_eos if isinstance(model_eos, (list, tuple)) else [model_eos])
     stops -= {None}
@@ -158,6 +158,12 @@ def model_eos(cfg, config) -> list[int] | int | None:
         return GenerationConfig.from_pretrained(source_of(cfg)).eos_token_id
     except (OSError, ValueError):  # no generation_config.json: the model's config says it
         return GenerationConfig.from_model_config(config).eos_token_id
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The transformers model inside DDP's and torch.compile's wrappers, for generate()."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
 
 
 def generating_model(model: nn.Module) -> nn.Module:

@@ -27,7 +27,8 @@ from ...config import ConfigError, TrainConfig
 from ...data.sources import carve_rows, opened
 from ...data.splits import Rows
 from ...shape import IGNORE
-from ..hf_sft.chats import check_messages, render, tokenise
+from ..causal_lm.prompts import check_messages, render
+from ..hf_sft.chats import tokenise
 
 PROMPT, CHOSEN, REJECTED = "prompt", "chosen", "rejected"
 

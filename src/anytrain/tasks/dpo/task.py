@@ -148,7 +148,7 @@ class DirectPreference(HFCausalLM):
         frozen = self.frozen
         if frozen is not None:
             return sequence_logps(lambda batch: frozen(**batch), inputs)
-        from ..hf_seq2seq import unwrapped
+        from ..causal_lm.generation import unwrapped
 
         peft = cast(Any, unwrapped(model))
         with peft.disable_adapter():
@@ -158,7 +158,7 @@ class DirectPreference(HFCausalLM):
     def pairs(self, outputs, targets: torch.Tensor) -> Pairs:
         """The batch's per-pair log-probabilities from the model's table (one row a sequence: the chosen, then
         the rejected) and the cached reference (targets)."""
-        table = outputs if outputs.dim() == 2 else example_table(outputs)
+        table = outputs
         b = len(targets)
         chosen, rejected = table[:b], table[b : 2 * b]
         if self.reference == "cached":
@@ -202,9 +202,6 @@ class DirectPreference(HFCausalLM):
         cast(Answers, self.answers).say_shown()
         return {k: v.item() / count for k, v in sums.items()}
 
-    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
-        return torch.zeros(batch // 2, 2)  # the start-up check: a pair of sequences, the reference at 0
-
     def describe_data(self, model: nn.Module) -> dict:
         return {**super().describe_data(model), "reference": self.reference, "dpo_loss": self.o.dpo_loss}
 
@@ -215,13 +212,6 @@ class DirectPreference(HFCausalLM):
     def sample(self, model: nn.Module, folder, meta: dict, prompt: str, settings: dict) -> str:
         """The reply to the prompt, in a user turn of the chat template (as it is for text pairs)."""
         return Answers.sample(model, folder, meta, prompt, settings)
-
-
-def example_table(logits: torch.Tensor) -> torch.Tensor:
-    """The start-up check's table (the loop's example batch, ids without labels, gives the model's logits): each
-    row a sequence whose answer is every token the model predicts most likely."""
-    logps = logits[:, :-1].float().log_softmax(-1).max(-1).values
-    return torch.stack([logps.sum(1), torch.full_like(logps[:, 0], logps.shape[1]), torch.zeros_like(logps[:, 0])], 1)
 
 
 def stop_tokens(tokenizer, rows) -> set[int]:

@@ -58,19 +58,24 @@ class CompletionsTable:
     def __init__(self) -> None:
         self.path: Path | None = None  # None: not the main process (set by start)
         self.opened = False
+        self.first: int | None = (
+            None  # the step of the launch's first rollout (its rows from there on are sampled again)
+        )
         self.rows: list[dict] = []
 
     def start(self, run_dir: Path, main: bool) -> None:
         self.path = run_dir / FILE if main else None
 
+    def forget(self) -> None:
+        """Drop the rows not yet written and the step they began at (the start-up check's rollout)."""
+        self.rows, self.first = [], None
+
     def add(self, step: int, args: dict, table: torch.Tensor, names: list[str], reward, advantage, extra) -> None:
         """A rollout's first ROWS completions (`args` as the reward functions got them, `table` their values,
-        `extra` the log_extra columns); the first rollout of a launch drops the rows it is about to sample again."""
+        `extra` the log_extra columns), kept for the next flush."""
         if self.path is None:
             return
-        if not self.opened:
-            keep_before(self.path, step)
-            self.opened = True
+        self.first = step if self.first is None else self.first
         n = min(ROWS, len(args["completions"]))
         values, totals, advantages = table[:n].tolist(), reward[:n].tolist(), advantage[:n].tolist()
         self.rows = []
@@ -87,6 +92,9 @@ class CompletionsTable:
         rows, self.rows = self.rows, []
         if self.path is None or not rows:
             return []
+        if not self.opened:  # a launch's first write: what the file holds from its first rollout on is sampled again
+            keep_before(self.path, rows[0]["step"] if self.first is None else self.first)
+            self.opened = True
         lines = [json.dumps(row, default=plain) for row in rows]
         with open(self.path, "a") as f:
             f.write("".join(line + "\n" for line in lines))

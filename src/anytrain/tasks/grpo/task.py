@@ -135,6 +135,13 @@ class GroupRelative(HFCausalLM):
             return self.cfg.data.max_length, f"--max-length {self.cfg.data.max_length}"
         return room
 
+    def after_check(self) -> None:
+        """The start-up check ran one rollout and step: none of it counts (its rollout, figures, table rows)."""
+        self.rollout, self.state, self.last_counts = None, None, (0, 0)
+        self.figures = Figures()
+        self.table.forget()
+        self.figures.start()
+
     def on_run_start(self, ctx: RunContext) -> None:
         """The start-up line; with --kl-beta and full fine-tuning, a frozen copy of the starting model."""
         self.device = ctx.accelerator.device
@@ -273,16 +280,7 @@ class GroupRelative(HFCausalLM):
         rows = Completions(t["ids"], t["mask"], t["positions"], t["completion"], t["truncated"], int(t["width"]))
         self.rollout = Rollout(rows, t["advantages"], t["keep"], t.get("old"), t.get("ref"), float(t["share"]))
 
-    # --------------------------------------------------------------------------- the start-up check, the counts
-    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
-        """The objective on a batch of tokens as if each were a completion token with advantage 1 (what the start-up
-        check computes: finite, and with gradients to the weights)."""
-        from ...usermodel import logits_of
-
-        logits = logits_of(outputs)[:, :-1].float()
-        logps = logits.log_softmax(-1).gather(-1, targets[:, 1:, None]).squeeze(-1)
-        return -(logps - logps.detach()).exp().mean()
-
+    # --------------------------------------------------------------------------- the counts
     def batch_counts(self, batch) -> tuple[int, int]:
         """The completions and completion tokens this micro-batch trained on."""
         return getattr(self, "last_counts", (0, 0))
@@ -306,7 +304,7 @@ class GroupRelative(HFCausalLM):
     # --------------------------------------------------------------------------- evaluation
     def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
         """Each prompt answered once by sampling (its own key) and once greedily: their rewards."""
-        from ..hf_seq2seq import unwrapped
+        from ..causal_lm.generation import unwrapped
 
         split, rows = inputs.split, inputs.rows
         prompts = [self.prompts[split].ids[r] for r in rows]

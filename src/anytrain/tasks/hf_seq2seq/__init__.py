@@ -19,6 +19,7 @@ from ...config import ConfigError
 from ...data.splits import Splits
 from ...hf import Head
 from ...shape import IGNORE, DataShape
+from ..causal_lm.generation import unwrapped
 from ..transformers import TokenWeighted
 
 
@@ -41,12 +42,6 @@ def bleu_from_stats(summed: list[float]) -> float:
     lengths, matches, totals = summed[:2], summed[2:6], summed[6:10]
     score = scorer.compute_bleu([int(v) for v in matches], [int(v) for v in totals], int(lengths[0]), int(lengths[1]))
     return score.score
-
-
-def unwrapped(model: nn.Module) -> nn.Module:
-    """The transformers model inside DDP's and torch.compile's wrappers, for generate()."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
 
 
 class Seq2Seq(TokenWeighted):

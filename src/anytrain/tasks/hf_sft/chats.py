@@ -26,8 +26,8 @@ from ...data.packing import PackedRows
 from ...data.sources import carve_rows, opened
 from ...data.splits import Rows, Splits
 from ...shape import IGNORE, DataShape
+from ..causal_lm.prompts import check_messages, render
 
-ROLES = ("system", "user", "assistant")
 MESSAGES, PROMPT, COMPLETION = "messages", "prompt", "completion"
 
 
@@ -42,24 +42,6 @@ def chat_format(columns: list[str], features, text_column: str = "") -> str | No
     if PROMPT in columns and COMPLETION in columns:
         return "prompt-completion"
     return None
-
-
-def check_messages(messages, where: str, answered: bool = True) -> None:
-    """A conversation: a non-empty list of {role, content} with known roles and (`answered`) an assistant turn."""
-    if not isinstance(messages, list) or not messages:
-        raise ConfigError(f"{where}: expected a list of {{role, content}} messages, got {type(messages).__name__}")
-    for turn in messages:
-        role = turn.get("role") if isinstance(turn, dict) else None
-        if role not in ROLES:
-            raise ConfigError(f"{where}: unknown role {role!r} (roles: {', '.join(ROLES)})")
-        if not isinstance(turn.get("content"), str):
-            raise ConfigError(f"{where}: a {role} message without text content")
-    if answered and not any(turn["role"] == "assistant" for turn in messages):
-        raise ConfigError(f"{where}: no assistant turn, so nothing to learn from it")
-
-
-def render(tokenizer, messages: list, generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
 
 Piece = tuple[str, list[tuple[int, int]]]  # a text to train on and the character spans of its answers
