@@ -12,9 +12,9 @@ LoRA and frozen weights are counted as trained (the convention: MFU is the model
 
 Peak: a GPU's dense peak from a table by its name and the run's precision (fp32 without TF32, or bf16/fp16 tensor
 cores); a CPU's measured with square matrix products in the run's precision: of the largest size up to 1,024 whose
-product takes ~25 ms on the run's threads (sizes tried on one thread), the fastest of 5 timed on those threads after
-a warm-up, as a product slowed by whatever else runs must not lower it (and never below one thread's rate); or
---peak-tflops. MFU = achieved / (peak x processes).
+product takes ~25 ms on the run's threads (sizes tried on one thread), the fastest of 5 or more (0.1 s of them)
+timed on those threads after a warm-up, as a product slowed by whatever else runs must not lower it (and never
+below one thread's rate); or --peak-tflops. MFU = achieved / (peak x processes).
 A CPU's peak is kept per machine, so that later runs read the same peak and their MFUs compare: in cpu_peak.json
 under $ANYTRAIN_CACHE_DIR (default ~/.cache/anytrain), by the CPU's name, the precision, the thread count and torch's
 version (delete the file to measure anew); and once per process besides. A corrupt or unwritable file is measured
@@ -105,8 +105,9 @@ def per_sample(model: nn.Module, inputs) -> tuple[int, str]:
     return 3 * counter.get_total_flops() // rows, "3 x a counted forward pass"
 
 
-# A CPU's peak is the fastest of this many timed products (after the products that choose their size).
-REPEATS = 5
+# A CPU's peak is the fastest of at least this many timed products, over at least this many seconds (after the
+# products that chose their size): ~0.13 s in fp32 on an idle 2-core AVX2 machine.
+REPEATS, SECONDS = 5, 0.1
 
 
 def product_seconds(a: torch.Tensor) -> float:
@@ -140,20 +141,24 @@ def product_size(dtype: torch.dtype, threads: int, largest: int) -> tuple[int, f
     return size, took
 
 
-def measure_peak(dtype: torch.dtype, threads: int, repeats: int = REPEATS, largest: int = 1024) -> tuple[float, int]:
-    """(FLOP/s, size) on `threads` threads: the fastest of `repeats` square matrix products in `dtype`, after one
-    that warms several threads up, of the size product_size chooses (a CPU without native bf16, AVX2, takes 3 s for one
-    1,024 product in bf16, and is no faster at that size: 0.7 against 1.9 GFLOP/s at 256). The fastest, as another
-    process's work only ever slows a product down; and never below the one thread's rate, which any number of
-    threads can match."""
+def measure_peak(
+    dtype: torch.dtype, threads: int, seconds: float = SECONDS, largest: int = 1024
+) -> tuple[float, int, int]:
+    """(FLOP/s, size, products) on `threads` threads: the fastest of REPEATS or more square matrix products in
+    `dtype` (as many as take `seconds`), after one that warms several threads up, of the size product_size chooses
+    (a CPU without native bf16, AVX2, takes 3 s for one 1,024 product in bf16, and is no faster at that size: 0.7
+    against 1.9 GFLOP/s at 256). The fastest, as another process's work only ever slows a product down; and never
+    below the one thread's rate, which any number of threads can match."""
     with torch_threads(1):
         size, alone = product_size(dtype, threads, largest)
     a = torch.full((size, size), 0.5, dtype=dtype)
     with torch_threads(threads):
         if threads > 1:
             product_seconds(a)  # warms the threads up (one thread's are warm: it chose the size)
-        best = min(product_seconds(a) for _ in range(repeats))
-    return 2 * size**3 / min(best, alone), size
+        times = [product_seconds(a)]
+        while len(times) < REPEATS or sum(times) < seconds and len(times) < 1000:
+            times.append(product_seconds(a))
+    return 2 * size**3 / min(*times, alone), size, len(times)
 
 
 def machine_busy() -> float | None:
@@ -167,15 +172,15 @@ def machine_busy() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def measured_beside(dtype: torch.dtype, threads: int) -> tuple[float, int, float | None]:
-    """measure_peak's (FLOP/s, size), and how many cores other processes kept busy meanwhile, on average (None:
-    unknown)."""
+def measured_beside(dtype: torch.dtype, threads: int) -> tuple[tuple[float, int, int], float | None]:
+    """measure_peak's (FLOP/s, size, products), and how many cores other processes kept busy meanwhile, on average
+    (None: unknown)."""
     wall, machine, own = time.perf_counter(), machine_busy(), time.process_time()
-    peak, size = measure_peak(dtype, threads)
+    measured = measure_peak(dtype, threads)
     wall, after = time.perf_counter() - wall, machine_busy()
     if machine is None or after is None:
-        return peak, size, None
-    return peak, size, max(0.0, after - machine - (time.process_time() - own)) / wall
+        return measured, None
+    return measured, max(0.0, after - machine - (time.process_time() - own)) / wall
 
 
 def disturbed(others: float | None, threads: int, cores: int | None = None) -> bool:
@@ -267,13 +272,13 @@ def cpu_peak(dtype: torch.dtype, threads: int) -> CpuPeak:
     path, key = cache_file(), f"{cpu_name()} | {dtype} | {threads} thread(s) | torch {torch.__version__}"
     entries, entry = read_kept(path, key)
     if entry is None:
-        peak, size, others = measured_beside(dtype, threads)
+        (peak, size, products), others = measured_beside(dtype, threads)
         if disturbed(others, threads):
-            return CpuPeak(peak, size, REPEATS, f"not cached: other processes kept {others:.1f} cores busy meanwhile")
-        entry = {"flops": peak, "size": size, "repeats": REPEATS, "day": datetime.date.today().isoformat()}
+            return CpuPeak(peak, size, products, f"not cached: other processes kept {others:.1f} cores busy meanwhile")
+        entry = {"flops": peak, "size": size, "repeats": products, "day": datetime.date.today().isoformat()}
         entries[key] = entry
         if why_not := write_kept(path, entries):
-            return CpuPeak(peak, size, REPEATS, f"not cached: {why_not}")
+            return CpuPeak(peak, size, products, f"not cached: {why_not}")
     where = f"cached {entry['day']} in {shown(path)}"
     return CpuPeak(float(entry["flops"]), int(entry["size"]), int(entry["repeats"]), where)
 
