@@ -138,7 +138,7 @@ def test_a_cpus_peak_is_kept_per_machine_precision_and_thread_count(kept):
     peak, said = flops.peak_flops(torch.device("cpu"), "fp32", 0.0)
     assert peak == pytest.approx(2 * 1024**3 / 0.024) and kept.products[-5:] == [1024] * 5 and kept.writes == 1
     assert said == f"measured: best of 5 1024x1024 float32 products on 1 thread(s), cached {today} in {kept.path}"
-    entry = {"flops": peak, "size": 1024, "repeats": 5, "day": today}
+    entry = {"flops": peak, "size": 1024, "products": 5, "day": today}
     assert json.loads(kept.path.read_text()) == {key(1): entry}
     flops.cpu_peak.cache_clear()  # a later process
     measured = len(kept.products)
@@ -157,7 +157,7 @@ CORRUPT = {
     "empty": lambda key: "",
     "a list": lambda key: "[1, 2]",
     "no entry": lambda key: json.dumps({key: -1.0}),
-    "no rate": lambda key: json.dumps({key: {"flops": "fast", "size": 1024, "repeats": 5, "day": "2026-11-26"}}),
+    "no rate": lambda key: json.dumps({key: {"flops": "fast", "size": 1024, "products": 5, "day": "2026-11-26"}}),
 }
 
 

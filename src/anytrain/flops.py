@@ -195,7 +195,7 @@ class CpuPeak(NamedTuple):
 
     flops: float
     size: int
-    repeats: int
+    products: int
     where: str
 
 
@@ -235,7 +235,7 @@ def read_kept(path: Path, key: str) -> tuple[dict, dict | None]:
     if not isinstance(entry, dict) or not isinstance(entry.get("day"), str):
         return entries, None
     try:
-        usable = 0 < float(entry["flops"]) < math.inf and int(entry["size"]) > 0 and int(entry["repeats"]) > 0
+        usable = 0 < float(entry["flops"]) < math.inf and int(entry["size"]) > 0 and int(entry["products"]) > 0
     except (TypeError, KeyError, ValueError):
         usable = False
     return entries, entry if usable else None
@@ -275,12 +275,12 @@ def cpu_peak(dtype: torch.dtype, threads: int) -> CpuPeak:
         (peak, size, products), others = measured_beside(dtype, threads)
         if disturbed(others, threads):
             return CpuPeak(peak, size, products, f"not cached: other processes kept {others:.1f} cores busy meanwhile")
-        entry = {"flops": peak, "size": size, "repeats": products, "day": datetime.date.today().isoformat()}
+        entry = {"flops": peak, "size": size, "products": products, "day": datetime.date.today().isoformat()}
         entries[key] = entry
         if why_not := write_kept(path, entries):
             return CpuPeak(peak, size, products, f"not cached: {why_not}")
     where = f"cached {entry['day']} in {shown(path)}"
-    return CpuPeak(float(entry["flops"]), int(entry["size"]), int(entry["repeats"]), where)
+    return CpuPeak(float(entry["flops"]), int(entry["size"]), int(entry["products"]), where)
 
 
 def peak_flops(device: torch.device, precision: str, given_tflops: float) -> tuple[float | None, str]:
@@ -298,7 +298,7 @@ def peak_flops(device: torch.device, precision: str, given_tflops: float) -> tup
     threads = torch.get_num_threads()
     peak = cpu_peak(dtype, threads)
     products = f"{peak.size}x{peak.size} {str(dtype).removeprefix('torch.')} products on {threads} thread(s)"
-    return peak.flops, f"measured: best of {peak.repeats} {products}, {peak.where}"
+    return peak.flops, f"measured: best of {peak.products} {products}, {peak.where}"
 
 
 def utilisation(model: nn.Module, shape, context: float, rates: dict, processes: int, device, precision: str,
