@@ -152,6 +152,21 @@ def test_a_cpus_peak_is_kept_per_machine_precision_and_thread_count(kept):
     assert json.loads(kept.path.read_text()) == {key(1): entry, key(2): entry, key(1, torch.bfloat16): entry}
 
 
+def test_the_cache_is_in_the_home_folder_unless_told_otherwise(kept, monkeypatch, tmp_path):
+    """~/.cache/anytrain/cpu_peak.json (peak_from says so, the home folder as ~), else $XDG_CACHE_HOME/anytrain,
+    else $ANYTRAIN_CACHE_DIR: the last first."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("ANYTRAIN_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    said = flops.peak_flops(torch.device("cpu"), "fp32", 0.0)[1]
+    assert said.endswith(f"cached {datetime.date.today()} in ~/.cache/anytrain/cpu_peak.json"), said
+    assert (tmp_path / ".cache" / "anytrain" / "cpu_peak.json").is_file()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert flops.cache_file() == tmp_path / "xdg" / "anytrain" / "cpu_peak.json"
+    monkeypatch.setenv("ANYTRAIN_CACHE_DIR", str(tmp_path / "own"))
+    assert flops.cache_file() == tmp_path / "own" / "cpu_peak.json"
+
+
 CORRUPT = {
     "not JSON": lambda key: "{not json",
     "empty": lambda key: "",
