@@ -55,7 +55,8 @@ def fresh_cpu_peak():
 @pytest.fixture
 def kept(monkeypatch, tmp_path):
     """cpu_peak.json in a folder of the test's own, beside a quiet machine (no other process's work measured), and
-    fake products: 24 ms at 1,024, 89 GFLOP/s (512's 3 ms: the size climbs to 1,024; 5 take the 0.1 s). The products
+    fake products: 24 ms at 1,024 on one thread, 89 GFLOP/s, twice as fast on two (512's 3 ms: the size climbs to
+    1,024; 5 take the 0.1 s on one thread, 9 on two). The products
     each call measured are counted in `kept.products`, the file's writes in `kept.writes`."""
 
     class Kept:
@@ -67,12 +68,13 @@ def kept(monkeypatch, tmp_path):
         Kept.writes += 1
         return real_write(path, entries)
 
+    def seconds(a):
+        return 0.024 * (len(a) / 1024) ** 3 / torch.get_num_threads()
+
     real_write = flops.write_kept
     monkeypatch.setenv("ANYTRAIN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(flops, "machine_busy", lambda: None)
-    monkeypatch.setattr(
-        flops, "product_seconds", lambda a: Kept.products.append(len(a)) or 0.024 * (len(a) / 1024) ** 3
-    )
+    monkeypatch.setattr(flops, "product_seconds", lambda a: Kept.products.append(len(a)) or seconds(a))
     monkeypatch.setattr(flops, "write_kept", write)
     return Kept
 
@@ -107,27 +109,29 @@ def test_a_cpus_peak_is_measured_on_the_largest_product_that_takes_25_ms(monkeyp
         lambda a: products.append((len(a), torch.get_num_threads())) or seconds_at_256 * (len(a) / 256) ** 3,
     )  # fmt: skip
     with torch_threads(threads):
-        peak, measured_on, timed = flops.measure_peak(torch.bfloat16, threads, seconds=0.0)
+        peak, measured_on, timed, scaled = flops.measure_peak(torch.bfloat16, threads, seconds=0.0)
         assert torch.get_num_threads() == threads  # given back
     tried = [128, 128] + [s for s in (256, 256, 512, 512, 1024, 1024) if s <= size]
     assert products == [(s, 1) for s in tried] + [(size, threads)] * (5 + (threads > 1))
-    assert measured_on == size and timed == 5
+    assert measured_on == size and timed == 5 and scaled == (threads == 1)  # (4 threads as fast as one: not)
     assert peak == pytest.approx(2 * size**3 / (seconds_at_256 * (size / 256) ** 3))
 
 
 def test_a_cpus_peak_is_the_fastest_of_several_products(monkeypatch):
     """A product slowed by another process (a slow outlier, a slow warm-up) does not lower the peak: it is the
     fastest of 5 timed products on the run's threads, more where 5 take under 0.1 s; and never below one thread's
-    rate (its fastest of two at that size), however slow every product on several threads was."""
+    rate (its fastest of two at that size), however slow every product on several threads was (said: they did not
+    scale)."""
     cases = (
-        ([0.010, 0.200, 0.008, 0.009, 0.030], 0.008),
-        ([0.5] * 5, 0.04),  # one thread's
-        ([0.016, 0.015, 0.014, 0.015, 0.015, 0.015, 0.015], 0.014),  # 5 take 75 ms, 7 take 105
+        ([0.010, 0.200, 0.008, 0.009, 0.030], 0.008, True),
+        ([0.5] * 5, 0.04, False),  # one thread's
+        ([0.016, 0.015, 0.014, 0.015, 0.015, 0.015, 0.015], 0.014, True),  # 5 take 75 ms, 7 take 105
     )
-    for timed, fastest in cases:
+    for timed, fastest, scaled in cases:
         times = iter([0.05, 0.04, 1.0, *timed])  # one thread's two at 1,024, the warm-up on two, those timed
         monkeypatch.setattr(flops, "product_seconds", lambda a, times=times: next(times) if len(a) == 1024 else 1e-6)
-        assert flops.measure_peak(torch.float32, 2) == (pytest.approx(2 * 1024**3 / fastest), 1024, len(timed))
+        peak = (pytest.approx(2 * 1024**3 / fastest), 1024, len(timed), scaled)
+        assert flops.measure_peak(torch.float32, 2) == peak
         assert next(times, None) is None  # every one of them was timed
 
 
@@ -148,8 +152,11 @@ def test_a_cpus_peak_is_kept_per_machine_precision_and_thread_count(kept):
         said_on_two = flops.peak_flops(torch.device("cpu"), "fp32", 0.0)[1]
     assert said_on_two.endswith(f"on 2 thread(s), cached {today} in {kept.path}")
     flops.peak_flops(torch.device("cpu"), "bf16", 0.0)
-    assert len(kept.products) == measured + 14 + 13 and kept.writes == 3  # measured anew: 8 sizing, (1) + 5 timed
-    assert json.loads(kept.path.read_text()) == {key(1): entry, key(2): entry, key(1, torch.bfloat16): entry}
+    assert (
+        len(kept.products) == measured + 8 + 1 + 9 + 8 + 5 and kept.writes == 3
+    )  # measured anew: 8 sizing, (warm-up,) timed
+    on_two = {**entry, "flops": 2 * peak, "products": 9}
+    assert json.loads(kept.path.read_text()) == {key(1): entry, key(2): on_two, key(1, torch.bfloat16): entry}
 
 
 def test_the_cache_is_in_the_home_folder_unless_told_otherwise(kept, monkeypatch, tmp_path):
@@ -196,8 +203,8 @@ def test_an_unwritable_cache_is_measured_and_says_so(kept, tmp_path, monkeypatch
 
 
 def test_a_peak_measured_beside_other_work_is_not_kept(kept, monkeypatch):
-    """Other processes busy on more cores than the run leaves free (half a core's slack): measured, said, not kept,
-    so that the next run measures anew."""
+    """Other processes busy on more cores than the run leaves free (half a core's slack), or several threads no
+    faster than one: measured, said, not kept, so that the next run measures anew."""
     assert not flops.disturbed(None, 2) and not flops.disturbed(0.4, 2, cores=2) and flops.disturbed(0.6, 2, cores=2)
     assert not flops.disturbed(1.4, 1, cores=2) and flops.disturbed(1.6, 1, cores=2)
     assert not flops.disturbed(14.4, 2, cores=16) and flops.disturbed(14.6, 2, cores=16)
@@ -208,7 +215,12 @@ def test_a_peak_measured_beside_other_work_is_not_kept(kept, monkeypatch):
         said = flops.peak_flops(torch.device("cpu"), "fp32", 0.0)[1]
         assert re.search(r"on 1 thread\(s\), not cached: other processes kept \d+\.\d cores busy meanwhile$", said)
         assert len(kept.products) == 13 * run and not kept.path.exists()
-    monkeypatch.setattr(flops, "machine_busy", lambda: 1000.0)  # quiet: kept
+    monkeypatch.setattr(flops, "machine_busy", lambda: 1000.0)  # quiet
+    monkeypatch.setattr(flops, "product_seconds", lambda a: 0.024 * (len(a) / 1024) ** 3)  # as fast on two threads
+    with torch_threads(2):
+        peak, said = flops.peak_flops(torch.device("cpu"), "fp32", 0.0)
+    assert said.endswith("on 2 thread(s), not cached: 2 threads were no faster than one (other work meanwhile?)")
+    assert peak == pytest.approx(2 * 1024**3 / 0.024) and not kept.path.exists()
     flops.cpu_peak.cache_clear()
     assert flops.peak_flops(torch.device("cpu"), "fp32", 0.0)[1].endswith(f"in {kept.path}") and kept.path.exists()
 

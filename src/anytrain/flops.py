@@ -16,10 +16,11 @@ product takes ~25 ms on the run's threads (sizes tried on one thread), the faste
 timed on those threads after a warm-up, as a product slowed by whatever else runs must not lower it (and never
 below one thread's rate); or --peak-tflops. MFU = achieved / (peak x processes).
 A CPU's peak is kept per machine, so that later runs read the same peak and their MFUs compare: in cpu_peak.json
-under $ANYTRAIN_CACHE_DIR (default ~/.cache/anytrain), by the CPU's name, the precision, the thread count and torch's
-version (delete the file to measure anew); and once per process besides. A corrupt or unwritable file is measured
-anew, never an error; a peak measured while other processes kept busy the cores the run needs serves that run only.
-peak_from says which products, when and where the peak is kept, or why it is not.
+under $ANYTRAIN_CACHE_DIR (else $XDG_CACHE_HOME/anytrain, else ~/.cache/anytrain), by the CPU's name, the
+precision, the thread count and torch's version (delete the file to measure anew); and once per process besides.
+A corrupt or unwritable file is measured anew, never an error; a peak measured while other processes kept busy the
+cores the run needs (or on several threads no faster than one) serves that run only. peak_from says which products,
+when and where the peak is kept, or why it is not.
 """
 
 from __future__ import annotations
@@ -141,14 +142,22 @@ def product_size(dtype: torch.dtype, threads: int, largest: int) -> tuple[int, f
     return size, took
 
 
-def measure_peak(
-    dtype: torch.dtype, threads: int, seconds: float = SECONDS, largest: int = 1024
-) -> tuple[float, int, int]:
-    """(FLOP/s, size, products) on `threads` threads: the fastest of REPEATS or more square matrix products in
-    `dtype` (as many as take `seconds`), after one that warms several threads up, of the size product_size chooses
-    (a CPU without native bf16, AVX2, takes 3 s for one 1,024 product in bf16, and is no faster at that size: 0.7
-    against 1.9 GFLOP/s at 256). The fastest, as another process's work only ever slows a product down; and never
-    below the one thread's rate, which any number of threads can match."""
+class Measured(NamedTuple):
+    """A CPU's peak as measured: FLOP/s, the products' size and count, and whether several threads beat one (on one
+    thread: True; False: they waited on other work, or the machine's threads share a core)."""
+
+    flops: float
+    size: int
+    products: int
+    scaled: bool
+
+
+def measure_peak(dtype: torch.dtype, threads: int, seconds: float = SECONDS, largest: int = 1024) -> Measured:
+    """The peak on `threads` threads: the fastest of REPEATS or more square matrix products in `dtype` (as many as
+    take `seconds`), after one that warms several threads up, of the size product_size chooses (a CPU without
+    native bf16, AVX2, takes 3 s for one 1,024 product in bf16, and is no faster at that size: 0.7 against 1.9
+    GFLOP/s at 256). The fastest, as another process's work only ever slows a product down; and never below the
+    one thread's rate, which any number of threads can match."""
     with torch_threads(1):
         size, alone = product_size(dtype, threads, largest)
     a = torch.full((size, size), 0.5, dtype=dtype)
@@ -158,7 +167,7 @@ def measure_peak(
         times = [product_seconds(a)]
         while len(times) < REPEATS or sum(times) < seconds and len(times) < 1000:
             times.append(product_seconds(a))
-    return 2 * size**3 / min(*times, alone), size, len(times)
+    return Measured(2 * size**3 / min(*times, alone), size, len(times), threads == 1 or min(times) < alone)
 
 
 def machine_busy() -> float | None:
@@ -172,8 +181,8 @@ def machine_busy() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def measured_beside(dtype: torch.dtype, threads: int) -> tuple[tuple[float, int, int], float | None]:
-    """measure_peak's (FLOP/s, size, products), and how many cores other processes kept busy meanwhile, on average
+def measured_beside(dtype: torch.dtype, threads: int) -> tuple[Measured, float | None]:
+    """measure_peak's peak, and how many cores other processes kept busy meanwhile, on average
     (None: unknown)."""
     wall, machine, own = time.perf_counter(), machine_busy(), time.process_time()
     measured = measure_peak(dtype, threads)
@@ -264,21 +273,30 @@ def shown(path: Path) -> str:
     return "~" + str(path)[len(home) :] if str(path).startswith(home + os.sep) else str(path)
 
 
+def measured_and_kept(dtype: torch.dtype, threads: int, path: Path, key: str, entries: dict) -> CpuPeak:
+    """The peak measured (measure_peak), and kept in the file under `key` beside its other entries unless other
+    processes' work disturbed it (busy cores, or several threads no faster than one: such a peak is theirs to
+    lower, and the next run measures again)."""
+    measured, others = measured_beside(dtype, threads)
+    why_not = "" if measured.scaled else f"{threads} threads were no faster than one (other work meanwhile?)"
+    if disturbed(others, threads):
+        why_not = f"other processes kept {others:.1f} cores busy meanwhile"
+    day = datetime.date.today().isoformat()
+    if not why_not:
+        entry = {"flops": measured.flops, "size": measured.size, "products": measured.products, "day": day}
+        why_not = write_kept(path, {**entries, key: entry})
+    where = f"not cached: {why_not}" if why_not else f"cached {day} in {shown(path)}"
+    return CpuPeak(measured.flops, measured.size, measured.products, where)
+
+
 @functools.cache
 def cpu_peak(dtype: torch.dtype, threads: int) -> CpuPeak:
     """This CPU's peak in `dtype` on `threads` threads: the one kept in cpu_peak.json for this CPU, precision, thread
-    count and torch version, else measured (measure_peak) and kept there, unless disturbed by other processes'
-    work (such a peak is theirs to lower: the next run measures again); once per process."""
+    count and torch version, else measured and kept there (measured_and_kept); once per process."""
     path, key = cache_file(), f"{cpu_name()} | {dtype} | {threads} thread(s) | torch {torch.__version__}"
     entries, entry = read_kept(path, key)
     if entry is None:
-        (peak, size, products), others = measured_beside(dtype, threads)
-        if disturbed(others, threads):
-            return CpuPeak(peak, size, products, f"not cached: other processes kept {others:.1f} cores busy meanwhile")
-        entry = {"flops": peak, "size": size, "products": products, "day": datetime.date.today().isoformat()}
-        entries[key] = entry
-        if why_not := write_kept(path, entries):
-            return CpuPeak(peak, size, products, f"not cached: {why_not}")
+        return measured_and_kept(dtype, threads, path, key, entries)
     where = f"cached {entry['day']} in {shown(path)}"
     return CpuPeak(float(entry["flops"]), int(entry["size"]), int(entry["products"]), where)
 
