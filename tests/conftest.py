@@ -85,6 +85,15 @@ def fresh_accelerate_state():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def own_cache_dir(tmp_path_factory):
+    """A CPU's measured peak is kept in a cache folder (src/anytrain/flops.py): the session's own, never the user's
+    ~/.cache/anytrain (launched runs inherit it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ANYTRAIN_CACHE_DIR", str(tmp_path_factory.mktemp("anytrain_cache")))
+        yield
+
+
+@pytest.fixture(autouse=True, scope="session")
 def no_curves():
     """The end-of-run curves.png costs ~1 s of matplotlib per run: in-process runs skip it (launches
     pass --no-plot, see launch() and start_run()); the `draws_curves` fixture turns it back on."""

@@ -332,7 +332,7 @@ class RunConfig:
     peak_tflops: float = option(
         0.0,
         "one device's peak TFLOP/s for the MFU in summary.json and the last line; 0 = a table of GPUs by name and "
-        "precision, a CPU's measured by a short matrix product",
+        "precision, a CPU's measured by matrix products once per machine (~/.cache/anytrain/cpu_peak.json)",
         bounds=NON_NEGATIVE,
         resumable=True,
     )
