@@ -189,7 +189,7 @@ def launch(
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=full_env)
 
 
-PINNED = ROOT / "tests" / "fingerprints.json"  # per environment; scripts/fingerprints.py pins its four jobs here too
+PINNED = ROOT / "tests" / "fingerprints.json"  # per environment; scripts/fingerprints.py pins its jobs here too
 
 
 def check_fingerprint(name: str, run_dir: Path) -> None:
