@@ -25,7 +25,7 @@ by default, the last step's with --final-weights last).
 Bit-identical weights are only expected on the same torch build, CPU kernels and core count, so they
 are stored per environment (anytrain.outputs.fingerprint_environment); the test suite pins the runs it
 makes anyway the same way, in the same file (tests/conftest.py, check_fingerprint), and --record replaces
-only the entries of the jobs it ran. About 2 minutes on 2 cores for the first four, 1 more for the LLM jobs;
+only the entries of the jobs it ran. About 2 minutes on 2 idle cores for the first four, 1 to 3 more for the LLM jobs;
 --runs DIR keeps the run folders (metrics.jsonl, model.safetensors) to compare two trees' runs.
 """
 
