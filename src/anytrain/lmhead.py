@@ -30,7 +30,7 @@ from torch.nn import functional as F
 
 from .shape import IGNORE
 
-CHUNK_ELEMENTS = 2**24  # logits per chunk (64 MiB of float32), at least MIN_CHUNK tokens
+CHUNK_ELEMENTS = 2**24  # logits per chunk (64 MiB of float32), at least MIN_CHUNK tokens (148 MiB at a 152k vocabulary)
 MIN_CHUNK = 256
 SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 

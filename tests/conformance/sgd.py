@@ -10,7 +10,8 @@ alone and unpadded); `relative_difference` compares the two over every trainable
     ||(w0 - w1) / lr - g|| / ||g||
 
 float32 training against float64 autograd is ~1e-6 apart; a wrong formula (a missing term, a mean over the wrong
-count, a token too many) is off by far more than `TOLERANCE`.
+count, a token too many) is off by far more than `TOLERANCE`. `trained` runs the step in process, or launched on 2
+gloo ranks (each rank half the step's rows): the same formula holds on both.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+TWO_RANKS = {"two ranks": ["--batch-size", "2"]}  # launched: 2 ranks x 2 rows, the step's 4 rows
 TOLERANCE = 1e-4
 LR = 0.5  # large enough that the update stands far above float32's rounding of the weights
 
@@ -30,6 +32,20 @@ def sgd_flags(lr: float = LR, steps: int = 1) -> list[str]:
         "--schedule", "constant", "--warmup-steps", "0", "--lr", str(lr), "--max-steps", str(steps),
         "--final-weights", "last", "--log-every-steps", "1",
     ]  # fmt: skip
+
+
+def trained(run_dir: Path, flags: list[str], ranks: int = 1) -> dict:
+    """The run of the step and its summary: in process, or launched on `ranks` gloo ranks (multi_cpu.yaml)."""
+    from conftest import launch, read_summary
+    from hfchecks import in_process
+
+    if ranks == 1:
+        return in_process(run_dir, *flags)
+    done = launch("multi_cpu.yaml", *flags, "--output-dir", str(run_dir))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["scenario"]["num_processes"] == ranks
+    return summary
 
 
 def float64_model(folder: Path, auto_class: str = "AutoModelForCausalLM") -> torch.nn.Module:

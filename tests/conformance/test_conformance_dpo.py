@@ -29,9 +29,8 @@ import os
 
 import pytest
 import torch
-from hfchecks import in_process
 from hfmodels import chat_tokenizer
-from sgd import TOLERANCE, answer_logps, float64_model, sgd_flags, step_difference, trl_completion
+from sgd import TOLERANCE, TWO_RANKS, answer_logps, float64_model, sgd_flags, step_difference, trained, trl_completion
 from textdata import write_jsonl
 from torch.nn.functional import logsigmoid
 from zoo import save_tiny
@@ -125,11 +124,11 @@ def read_rows(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "train.jsonl").read_text().splitlines()]
 
 
-def one_step(folders, run, data: str, loss: str, *flags: str) -> float:
+def one_step(folders, run, data: str, loss: str, *flags: str, ranks: int = 1) -> float:
     """The run's first update against the formula's gradient: their relative difference."""
     args = ["--task", "dpo", "--model", f"hf:{folders['model']}", "--dataset", str(folders[data]), *flags]
     args += ["--dpo-loss", loss, "--beta", str(BETA[loss]), "--simpo-gamma", str(GAMMA), "--max-length", "128"]
-    summary = in_process(run, *args, *sgd_flags())
+    summary = trained(run, [*args, *sgd_flags()], ranks)
     assert summary["optimizer_steps"] == 1 and summary["dpo_loss"] == loss
     assert summary["reference"] == ("none" if loss in ("simpo", "orpo") else "cached")
     assert ("packed_texts_kept_apart_by" in summary) == ("--packing" in flags)
@@ -147,6 +146,13 @@ def one_step(folders, run, data: str, loss: str, *flags: str) -> float:
 )  # fmt: skip
 def test_the_first_sgd_step_is_the_mean_pair_loss(folders, tmp_path, loss, mode):
     assert one_step(folders, tmp_path / "run", "chats", loss, *MODES[mode]) < TOLERANCE
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("loss", ["sigmoid", "ipo"])
+def test_two_ranks_take_the_step_of_the_mean_pair_loss(folders, tmp_path, loss):
+    """2 gloo ranks, each 2 of the step's 4 pairs: the same formula (the mean over all 4)."""
+    assert one_step(folders, tmp_path / "run", "chats", loss, *TWO_RANKS["two ranks"], ranks=2) < TOLERANCE
 
 
 @pytest.mark.parametrize("loss", ["sigmoid", "ipo"])

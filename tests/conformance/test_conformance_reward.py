@@ -18,9 +18,8 @@ import json
 
 import pytest
 import torch
-from hfchecks import in_process
 from hfmodels import chat_tokenizer
-from sgd import TOLERANCE, float64_model, sgd_flags, step_difference
+from sgd import TOLERANCE, TWO_RANKS, float64_model, sgd_flags, step_difference, trained
 from textdata import write_jsonl
 from torch.nn.functional import logsigmoid
 from zoo import tiny_config
@@ -73,13 +72,14 @@ def bradley_terry(model, tokenizer, rows: list[dict]) -> torch.Tensor:
 @pytest.mark.parametrize(
     "data, mode",
     [("chats", ["--batch-size", "4"]), ("chats", ["--batch-size", "2", "--grad-accum-steps", "2"]),
-     ("text", ["--batch-size", "4"])],
-    ids=["chats", "chats accumulated", "text"],
+     ("text", ["--batch-size", "4"]), pytest.param("chats", "two ranks", marks=pytest.mark.launch)],
+    ids=["chats", "chats accumulated", "text", "chats on two ranks"],
 )  # fmt: skip
 def test_the_first_sgd_step_is_the_mean_bradley_terry_loss(folders, tmp_path, data, mode):
-    run = tmp_path / "run"
+    run, ranks = tmp_path / "run", 2 if mode == "two ranks" else 1
+    mode = TWO_RANKS[mode] if ranks == 2 else mode
     flags = ["--task", "reward", "--model", f"hf:{folders['model']}", "--dataset", str(folders[data]), *mode]
-    summary = in_process(run, *flags, "--max-length", "128", *sgd_flags())
+    summary = trained(run, [*flags, "--max-length", "128", *sgd_flags()], ranks)
     assert summary["optimizer_steps"] == 1 and summary["task"] == "reward"
     tokenizer = transformers.AutoTokenizer.from_pretrained(folders["model"])
     start = float64_model(folders["model"], AUTO)

@@ -20,9 +20,18 @@ import json
 
 import pytest
 import torch
-from hfchecks import in_process
 from hfmodels import gpt2_tokenizer, tiny_llama
-from sgd import TOLERANCE, answer_logps, answer_mask, float64_model, sgd_flags, step_difference, trl_completion
+from sgd import (
+    TOLERANCE,
+    TWO_RANKS,
+    answer_logps,
+    answer_mask,
+    float64_model,
+    sgd_flags,
+    step_difference,
+    trained,
+    trl_completion,
+)
 from textdata import write_jsonl
 from zoo import save_tiny
 
@@ -91,12 +100,13 @@ def per_text_means(model, tokenizer, rows: list[dict]) -> torch.Tensor:
     return torch.stack([-answer_logps(model, *seq).mean() for seq in answer_sequences(tokenizer, rows)]).mean()
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, pytest.param("two ranks", marks=pytest.mark.launch)])
 @pytest.mark.parametrize("data, model", [("chats", "llama"), ("pairs", "gpt2")])
 def test_the_first_sgd_step_is_the_mean_answer_token_loss(folders, tmp_path, data, model, mode):
-    run = tmp_path / "run"
-    flags = ["--task", "sft", "--model", f"hf:{folders[model]}", "--dataset", str(folders[data]), *MODES[mode]]
-    summary = in_process(run, *flags, "--max-length", "128", *sgd_flags())
+    run, ranks = tmp_path / "run", 2 if mode in TWO_RANKS else 1
+    given = {**MODES, **TWO_RANKS}[mode]
+    flags = ["--task", "sft", "--model", f"hf:{folders[model]}", "--dataset", str(folders[data]), *given]
+    summary = trained(run, [*flags, "--max-length", "128", *sgd_flags()], ranks)
     assert summary["optimizer_steps"] == 1 and summary["task"] == "sft" and summary["truncated_train_tokens"] == 0
     assert ("packed_texts_kept_apart_by" in summary) == (mode == "packed")
     tokenizer = transformers.AutoTokenizer.from_pretrained(folders[model])
