@@ -19,7 +19,6 @@ import copy
 from collections.abc import Callable
 from typing import Any, cast
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -29,6 +28,7 @@ from ...data.splits import Splits
 from ...shape import DataShape
 from ...usermodel import logits_of
 from ..causal_lm.answers import Answers
+from ..causal_lm.generation import model_eos, stop_ids
 from ..causal_lm.logprobs import sequence_logps
 from ..contract import RunContext
 from ..hf_lm import HFCausalLM
@@ -92,7 +92,7 @@ class DirectPreference(HFCausalLM):
 
     def load_data(self, given=None) -> Splits:
         rows, form = load_pairs(self, given)
-        self.stops = sorted({self.tokenizer.eos_token_id, *stop_tokens(self.tokenizer, rows["train"])} - {None})
+        self.stops = stop_ids(self.tokenizer, model_eos(self.cfg, self.model_config), "chats" in form)
         self.data.metadata.update(stop_ids=self.stops, chat_template="yes" if "chats" in form else "no")
         self.answers = Answers(self.tokenizer, self.stops, self.run.main)
         return self.data
@@ -212,13 +212,6 @@ class DirectPreference(HFCausalLM):
     def sample(self, model: nn.Module, folder, meta: dict, prompt: str, settings: dict) -> str:
         """The reply to the prompt, in a user turn of the chat template (as it is for text pairs)."""
         return Answers.sample(model, folder, meta, prompt, settings)
-
-
-def stop_tokens(tokenizer, rows) -> set[int]:
-    """The special tokens the answers hold (a chat template's end-of-turn token): where generation stops. Not only
-    an answer's last token: ChatML ends a turn with <|im_end|> and then a newline."""
-    special = set(tokenizer.all_special_ids)
-    return {int(t) for t in np.unique(rows.ids[rows.answer]) if int(t) in special}
 
 
 def load_pairs(task, given) -> tuple[dict, str]:

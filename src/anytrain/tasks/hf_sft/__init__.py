@@ -18,6 +18,7 @@ from ...best import HIGHER
 from ...config import TrainConfig
 from ...data.splits import Splits
 from ..causal_lm.answers import Answers
+from ..causal_lm.generation import model_eos, stop_ids
 from ..hf_lm import HFCausalLM
 
 
@@ -51,8 +52,11 @@ class SupervisedFineTuning(HFCausalLM):
         from .chats import chat_splits
 
         self.tokenizer = hf.load_tokenizer(self.cfg)
-        self.data, self.stops = chat_splits(self.cfg, self.tokenizer, given, self.run.pad_multiple)
+        self.data = chat_splits(self.cfg, self.tokenizer, given, self.run.pad_multiple)
         self.model_config = self.checked_config(self.tokenizer.pad_token_id)
+        chats = self.data.metadata["chat_template"] == "yes"
+        self.stops = stop_ids(self.tokenizer, model_eos(self.cfg, self.model_config), chats)
+        self.data.metadata["stop_ids"] = self.stops  # saved with the weights: what `anytrain sample` stops at
         self.answers = Answers(self.tokenizer, self.stops, self.run.main)
         return self.data
 

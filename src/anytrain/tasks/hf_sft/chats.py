@@ -204,14 +204,6 @@ class ChatRows(Rows):
         """Nothing is random in a conversation's tokens."""
 
 
-def stop_ids(tokenizer, labels: list[list[int]]) -> list[int]:
-    """Where generation stops: the end-of-text token and the special tokens the answers end with (the
-    template's end-of-turn token)."""
-    special = set(tokenizer.all_special_ids)
-    learned = {t for row in labels for t in row if t in special}
-    return sorted(learned | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
-
-
 def templated(form: str, ds) -> bool:
     """Whether the rows are chats, rendered by the chat template (prompt/completion text is not)."""
     return form == MESSAGES or not isinstance(ds[0][PROMPT], str)
@@ -227,9 +219,8 @@ def check_tokenizer(cfg: TrainConfig, tokenizer, form: str, ds) -> None:
         )
 
 
-def chat_splits(cfg: TrainConfig, tokenizer, given=None, multiple: int | None = None) -> tuple[Splits, list[int]]:
-    """The chats read, checked, carved and tokenised: Splits whose batches are (model inputs, target ids), and
-    the template's end-of-turn ids (what generation stops at; saved with the weights as 'stop_ids')."""
+def chat_splits(cfg: TrainConfig, tokenizer, given=None, multiple: int | None = None) -> Splits:
+    """The chats read, checked, carved and tokenised: Splits whose batches are (model inputs, target ids)."""
     splits, source = opened(cfg, given)
     train = splits["train"]
     form = chat_format(train.column_names, train.features, cfg.data.text_column)
@@ -245,22 +236,21 @@ def chat_splits(cfg: TrainConfig, tokenizer, given=None, multiple: int | None = 
     encoded = {name: encode_split(ds, renderers[name]) for name, ds in splits.items()}
     notes = check_answers(list(renderers.values()), source)
     rows: dict[str, Rows] = {}
-    dropped, stops = 0, []
+    dropped = 0
     for name, ds in carve_rows(encoded, cfg, source).items():
         ids = [piece for row in ds["input_ids"] for piece in row]  # a conversation's pieces, in order
         labels = [piece for row in ds["labels"] for piece in row]
         if name == "train":
-            stops = stop_ids(tokenizer, labels)
             dropped = sum(t != IGNORE for row in labels for t in row[max_length:])
             if cfg.data.packing:
                 rows[name] = PackedRows(ids, max_length, tokenizer.pad_token_id, labels)
                 continue
         cut = [r[:max_length] for r in ids], [r[:max_length] for r in labels]
         rows[name] = ChatRows(*cut, tokenizer.pad_token_id, multiple)
-    meta = {"stop_ids": stops, "chat_format": form, "chat_template": "yes" if templated(form, train) else "no"}
+    meta = {"chat_format": form, "chat_template": "yes" if templated(form, train) else "no"}
     data = splits_of(rows, cfg, tokenizer, source, (form, column, meta), dropped)
     data.notes.extend(notes)
-    return data, stops
+    return data
 
 
 def splits_of(rows: dict, cfg: TrainConfig, tokenizer, source: str, chats: tuple, dropped: int) -> Splits:
