@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from anytrain.flops import torch_threads  # torch's threads set meanwhile
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "src" / "train.py"
 CONFIGS = ROOT / "accelerate_configs"
@@ -117,16 +119,6 @@ def draws_curves(monkeypatch):
 
 DEFAULT_THREADS = torch.get_num_threads()  # torch's own choice for this machine: what a launched run gets
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # before a worker keeps to one
-
-
-@contextlib.contextmanager
-def torch_threads(count: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
