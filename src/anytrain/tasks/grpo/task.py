@@ -138,9 +138,8 @@ class GroupRelative(HFCausalLM):
     def after_check(self) -> None:
         """The start-up check ran one rollout and step: none of it counts (its rollout, figures, table rows)."""
         self.rollout, self.state, self.last_counts = None, None, (0, 0)
-        self.figures = Figures()
+        self.figures = Figures()  # a new window, its clock started now
         self.table.forget()
-        self.figures.start()
 
     def on_run_start(self, ctx: RunContext) -> None:
         """The start-up line; with --kl-beta and full fine-tuning, a frozen copy of the starting model."""
