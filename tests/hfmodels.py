@@ -228,6 +228,52 @@ CHATML = (  # the chat template of the tests' chat models (ChatML, as Qwen's and
 )
 
 
+TOOLS_TEMPLATE = (  # CHATML with tools, laid out as Qwen 2.5's template lays them out (written here; a newline
+    # after a block tag is written {{ nl }}: transformers renders with trim_blocks)
+    "{% set nl = '\\n' %}{% if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}"
+    "{{ messages[0]['content'] }}{{ nl }}{{ nl }}{% endif %}# Tools\n\nYou may call functions.\n<tools>"
+    "{% for t in tools %}{{ nl }}{{ t | tojson }}{% endfor %}{{ nl }}</tools>\n\nAnswer a call as <tool_call>\n"
+    '{"name": NAME, "arguments": {...}}\n</tool_call><|im_end|>{{ nl }}'
+    "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>{{ nl }}"
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' and loop.first %}"
+    "{% elif m['role'] in ('user', 'system') %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>{{ nl }}"
+    "{% elif m['role'] == 'assistant' %}<|im_start|>assistant\n{{ m['content'] or '' }}"
+    "{% for c in m['tool_calls'] or [] %}{% set f = c['function'] if c['function'] is defined else c %}"
+    "{% if m['content'] or not loop.first %}{{ nl }}{% endif %}<tool_call>\n{\"name\": \"{{ f['name'] }}\", "
+    "\"arguments\": {{ f['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|im_end|>{{ nl }}"
+    "{% elif m['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ nl }}<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>{{ nl }}{% endif %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+TOOLS_RESPONSE = {  # transformers' response parsing for TOOLS_TEMPLATE: an assistant turn's text and its calls
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+
+def tool_tokenizer():
+    """The chat tokenizer with TOOLS_TEMPLATE and its response template (saved with it in tokenizer_config.json)."""
+    tokenizer = chat_tokenizer()
+    tokenizer.chat_template, tokenizer.response_template = TOOLS_TEMPLATE, TOOLS_RESPONSE
+    return tokenizer
+
+
 def chat_tokenizer():
     """The GPT-2 test tokenizer with ChatML's turn markers as special tokens and its chat template."""
     tokenizer = gpt2_tokenizer()
