@@ -301,16 +301,19 @@ def llama_config(tokenizer, width: int = 64, layers: int = 2, positions: int = P
     )
 
 
-def tiny_llama(folder: Path, seed: int = 0, width: int = 64, layers: int = 2, chat: bool = True) -> Path:
+def tiny_llama(
+    folder: Path, seed: int = 0, width: int = 64, layers: int = 2, chat: bool = True, tools: bool = False
+) -> Path:
     """A Llama-style causal LM of about 100,000 parameters (at width 64), with the chat tokenizer (or, chat=False,
-    the same tokenizer without a chat template), as a hub checkpoint."""
+    the same tokenizer without a chat template; tools=True, the tool tokenizer and 1,024 positions: a prompt with
+    the tools' schemas is long), as a hub checkpoint."""
     import torch
     from transformers import LlamaForCausalLM
 
-    tokenizer = chat_tokenizer()
+    tokenizer = tool_tokenizer() if tools else chat_tokenizer()
     if not chat:
         tokenizer.chat_template = None
     torch.manual_seed(seed)
-    LlamaForCausalLM(llama_config(tokenizer, width, layers)).save_pretrained(folder)
+    LlamaForCausalLM(llama_config(tokenizer, width, layers, 1024 if tools else POSITIONS)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -116,7 +116,8 @@ class Completions:
         )  # fmt: skip
 
     def completion_ids(self) -> list[list[int]]:
-        return [row[keep].tolist() for row, keep in zip(self.ids[:, self.width :], self.completion)]
+        """Each completion's tokens after its prompt (with tools, the tools' answers too, as TRL gives them)."""
+        return [row[keep.bool()].tolist() for row, keep in zip(self.ids[:, self.width :], self.mask[:, self.width :])]
 
 
 def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

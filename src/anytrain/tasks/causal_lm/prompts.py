@@ -25,11 +25,14 @@ def check_messages(messages, where: str, answered: bool = True) -> None:
         raise ConfigError(f"{where}: no assistant turn, so nothing to learn from it")
 
 
-def render(tokenizer, messages: list, generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+def render(tokenizer, messages: list, generation_prompt: bool = False, tools: list | None = None) -> str:
+    """The chat as the template renders it; `tools`: the tools' schemas it shows (None: none, as for tools=[])."""
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt, tools=tools or None
+    )
 
 
-def prompt_text(tokenizer, prompt, where: str) -> str:
+def prompt_text(tokenizer, prompt, where: str, tools: list | None = None) -> str:
     """The prompt as the model reads it: text as it is, a chat rendered by the template with its generation prompt."""
     if isinstance(prompt, str):
         if not prompt.strip():
@@ -38,10 +41,10 @@ def prompt_text(tokenizer, prompt, where: str) -> str:
     if not isinstance(prompt, list):
         raise ConfigError(f"{where}: the prompt must be text or a list of messages, got {type(prompt).__name__}")
     check_messages(prompt, where, answered=False)
-    return render(tokenizer, prompt, True)
+    return render(tokenizer, prompt, True, tools)
 
 
-def prompt_ids(tokenizer, prompt, where: str) -> list[int]:
-    """The prompt's token ids, as generation reads them (module docstring)."""
-    text = prompt_text(tokenizer, prompt, where)
+def prompt_ids(tokenizer, prompt, where: str, tools: list | None = None) -> list[int]:
+    """The prompt's token ids, as generation reads them (module docstring); a chat shown `tools` (their schemas)."""
+    text = prompt_text(tokenizer, prompt, where, tools)
     return tokenizer(text, add_special_tokens=isinstance(prompt, str)).input_ids

@@ -42,6 +42,23 @@ NEWLINE = re.compile(r"\r\n?|\n")  # each ends a markdown line
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")  # what a renderer drops, or shows as ?, or takes for its own
 
 
+def shown(completion) -> str:
+    """A completion as the table shows it: its text; a conversation with tools, each turn: the model's text and
+    calls (`[call name {arguments}]`), the tools' answers (`[name -> answer]`)."""
+    if isinstance(completion, str) or len(completion) == 1 and not completion[0].get("tool_calls"):
+        return text_of(completion)
+    parts = []
+    for message in completion:
+        if message.get("role") == "tool":
+            parts.append(f"[{message.get('name')} -> {message.get('content')}]")
+            continue
+        parts += [str(message["content"])] if message.get("content") else []
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {}) if isinstance(call, dict) else {}
+            parts.append(f"[call {function.get('name')} {json.dumps(function.get('arguments'), default=str)}]")
+    return " ".join(parts)
+
+
 def columns(names: list[str]) -> list[str]:
     """The reward functions' columns: each its name, reward_NAME where that is a fixed column's."""
     return [f"reward_{n}" if n in FIXED else n for n in names]
@@ -80,7 +97,7 @@ class CompletionsTable:
         values, totals, advantages = table[:n].tolist(), reward[:n].tolist(), advantage[:n].tolist()
         self.rows = []
         for k in range(n):
-            row = {"step": step, "prompt": args["prompts"][k], "completion": text_of(args["completions"][k])}
+            row = {"step": step, "prompt": args["prompts"][k], "completion": shown(args["completions"][k])}
             row.update({name: number(v) for name, v in zip(columns(names), values[k])})
             row.update(reward=number(totals[k]), advantage=advantages[k])
             row.update({column: column_values[k] for column, column_values in extra.items()})

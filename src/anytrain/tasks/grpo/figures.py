@@ -14,9 +14,10 @@ import time
 
 import torch
 
+TOOLS = ("tool_calls", "tool_failures", "turns", "called_tools", "malformed_turns")
 LOOP_KEYS = ("kind", "split", "step", "epoch", "loss", "lr", "samples_per_s", "tokens_per_s", "skipped_steps")
 OWN = ("reward", "reward_std", "flat_groups", "completion_length", "completion_length_max", "truncated",
-       "clipped_low", "clipped_high", "kl", "generating")  # fmt: skip
+       "clipped_low", "clipped_high", "kl", "generating", *TOOLS)  # fmt: skip
 
 
 def reserved(names: list[str]) -> frozenset[str]:
@@ -31,6 +32,7 @@ class Figures:
         self.step = torch.zeros(4, dtype=torch.float64)  # this process's clipped low, high, KL, tokens
         self.generating, self.since, self.names = 0.0, time.perf_counter(), [""]
         self.logged: list[dict[str, tuple[float, int]]] = []  # per rollout: this process's log_metric sums, counts
+        self.tools: torch.Tensor | None = None  # with tools: calls, failures, turns, callers, malformed, completions
 
     def start(self) -> None:
         self.generating, self.since = 0.0, time.perf_counter()
@@ -59,6 +61,23 @@ class Figures:
         longest = accelerator.gather(lengths.max().view(1)).max().item()
         self.longest = max(self.longest, longest)
 
+    def add_tools(self, accelerator, sums: torch.Tensor, completions: int) -> None:
+        """A rollout's tool figures (tasks/grpo/turns.py's counts), summed over every process."""
+        local = torch.cat([sums, torch.tensor([float(completions)], dtype=torch.float64)]).to(accelerator.device)
+        summed = accelerator.reduce(local, "sum").cpu()
+        self.tools = summed if self.tools is None else self.tools + summed
+
+    def tool_figures(self) -> dict:
+        """Per completion: calls, model turns, the share that called; failed calls per call (TRL's
+        failure_frequency), malformed turns per turn."""
+        if self.tools is None:
+            return {}
+        calls, failed, turns, callers, malformed, completions = self.tools.tolist()
+        self.tools = None
+        return {"tool_calls": calls / completions, "tool_failures": failed / calls if calls else 0.0,
+                "turns": turns / completions, "called_tools": callers / completions,
+                "malformed_turns": malformed / turns if turns else 0.0}  # fmt: skip
+
     def add_step(self, stats: dict, tokens: torch.Tensor) -> None:
         for k, name in enumerate(("clipped_low", "clipped_high", "kl")):
             if name in stats:
@@ -86,6 +105,7 @@ class Figures:
         elapsed = time.perf_counter() - self.since
         out["generating"] = self.generating / elapsed if elapsed > 0 else None
         out.update(self.logged_means(accelerator))
+        out.update(self.tool_figures())
         self.rollout, self.longest, self.step = None, 0.0, torch.zeros(4, dtype=torch.float64)
         self.logged = []
         self.start()

@@ -69,3 +69,26 @@ class GRPOOptions:
         1, "grpo: optimizer steps on each rollout (TRL's num_iterations, mu)", bounds=POSITIVE
     )
     mask_truncated: bool = option(False, "grpo: completions cut at --max-new-tokens count for nothing in the loss")
+    tools: list[str] = option(
+        [],
+        "grpo: tools the model may call in its completions, each FILE.py:function or module:function, or FILE.py "
+        "(its public functions): plain functions with type hints and a docstring (transformers' get_json_schema), "
+        "shown to the model by its chat template; its calls are parsed by transformers' response parsing "
+        "(the tokenizer's response_template), run, and answered in a tool message, and the model goes on; the tools' "
+        "tokens are not trained on. Chat prompts only; repeatable",
+        repeatable=True,
+    )
+    environment: str = option(
+        "",
+        "grpo: FILE.py:Class or module:Class, TRL's environment_factory: one instance per completion, reset(**row) "
+        "with the prompt's row (a text it returns is added to the last user message), its public methods the "
+        "completion's tools, its get_reward() (if any) a reward function named after the class, weight 1",
+    )
+    max_tool_calls: int = option(
+        10,
+        "grpo: the tool calls a completion may make; after the turn that reaches them the completion ends",
+        bounds=POSITIVE,
+    )
+    tool_timeout: float = option(
+        10.0, "grpo: seconds a tool call may take; then the model is answered that it timed out", bounds=POSITIVE
+    )

@@ -111,12 +111,14 @@ class RolloutSlots(Rows):
         return self.prompts.ids
 
 
-def prompt_rows(ds, tokenizer, source: str, split: str, room: tuple[int, str]) -> PromptRows:
-    """A split's prompts tokenised as generation reads them (a chat's special tokens are the template's), each whole:
-    a prompt longer than `room` (the most tokens a prompt may have, and why) is refused, naming the longest."""
+def prompt_rows(ds, tokenizer, source: str, split: str, room: tuple[int, str], tools: list | None) -> PromptRows:
+    """A split's prompts tokenised as generation reads them (a chat's special tokens are the template's; `tools`
+    the tools' schemas it shows), each whole: a prompt longer than `room` (the most tokens a prompt may have, and
+    why) is refused, naming the longest."""
     ids, prompts = [], []
     for index, row in enumerate(ds):
-        ids.append(prompt_ids(tokenizer, row[PROMPT], f"--dataset: row {index} of the {split} split of {source}"))
+        where = f"--dataset: row {index} of the {split} split of {source}"
+        ids.append(prompt_ids(tokenizer, row[PROMPT], where, tools))
         prompts.append(row[PROMPT])
     longest = max(range(len(ids)), key=lambda k: len(ids[k]), default=None)
     if longest is not None and len(ids[longest]) > room[0]:
@@ -128,8 +130,11 @@ def prompt_rows(ds, tokenizer, source: str, split: str, room: tuple[int, str]) -
     return PromptRows(ids, prompts, columns, split)
 
 
-def load_prompts(cfg: TrainConfig, tokenizer, given, room: tuple[int, str]) -> tuple[dict[str, PromptRows], str, bool]:
-    """({split: PromptRows}, source, whether the prompts are chats): read, checked, carved, tokenised."""
+def load_prompts(
+    cfg: TrainConfig, tokenizer, given, room: tuple[int, str], tools: list | None = None
+) -> tuple[dict[str, PromptRows], str, bool]:
+    """({split: PromptRows}, source, whether the prompts are chats): read, checked, carved, tokenised (chats shown
+    `tools`, their schemas; tools need chats)."""
     splits, source = opened(cfg, given)
     train = splits["train"]
     if PROMPT not in train.column_names:
@@ -142,7 +147,11 @@ def load_prompts(cfg: TrainConfig, tokenizer, given, room: tuple[int, str]) -> t
         raise ConfigError(
             f"--model {cfg.model.name}: its tokenizer has no chat template, which chat prompts (lists of messages) need"
         )
-    rows = {
-        name: prompt_rows(ds, tokenizer, source, name, room) for name, ds in carve_rows(splits, cfg, source).items()
-    }
+    if tools and not chats:
+        raise ConfigError(
+            f"--tools: the prompts of {source} are text; tools need chat prompts (lists of messages), which the "
+            "chat template shows the tools with"
+        )
+    carved = carve_rows(splits, cfg, source)
+    rows = {name: prompt_rows(ds, tokenizer, source, name, room, tools) for name, ds in carved.items()}
     return rows, source, chats

@@ -101,8 +101,8 @@ class RewardCall:
 
 
 def text_of(completion) -> str:
-    """A completion's text: itself, or a chat's last message's content."""
-    return completion if isinstance(completion, str) else str(completion[-1]["content"])
+    """A completion's text: itself, or a chat's last message's content (none: "", a turn of tool calls alone)."""
+    return completion if isinstance(completion, str) else str(completion[-1].get("content") or "")
 
 
 def answer_reward(prompts, completions, completion_ids, answer=None, **columns) -> list[float | None]:
@@ -144,12 +144,13 @@ def builtin(spec: str) -> tuple[str, Callable] | None:
     return None
 
 
-def load_rewards(specs: list[str], weights: list[float]) -> list[Reward]:
-    """The --reward functions, each imported (or built in) and weighted; ConfigError naming the option."""
-    if not specs:
+def load_rewards(specs: list[str], weights: list[float], owned: Reward | None = None) -> list[Reward]:
+    """The --reward functions, each imported (or built in) and weighted, then `owned` (an --environment's
+    get_reward); ConfigError naming the option."""
+    if not specs and owned is None:
         raise ConfigError(
             "--reward: --task grpo needs at least one reward function (FILE.py:function, module:function, answer, "
-            "format:REGEX or length:N)"
+            "format:REGEX or length:N), or an --environment with get_reward"
         )
     if weights and len(weights) != len(specs):
         raise ConfigError(f"--reward-weights: {len(weights)} weights for {len(specs)} reward functions")
@@ -167,6 +168,7 @@ def load_rewards(specs: list[str], weights: list[float]) -> list[Reward]:
                 raise ConfigError(f"--reward {spec}: {spec.rpartition(':')[2]} is not a function")
             found = (spec.rpartition(":")[2], fn)
         rewards.append(Reward(found[0], found[1], weight))
+    rewards += [owned] if owned is not None else []
     names = [r.name for r in rewards]
     if len(set(names)) != len(names):
         raise ConfigError(f"--reward: two reward functions are called the same ({', '.join(names)})")

@@ -25,20 +25,24 @@ import torch
 from torch import nn
 
 from ...best import HIGHER
-from ...config import ConfigError, TrainConfig
+from ...config import ConfigError, TrainConfig, first_line
 from ...data.splits import Splits
 from ...shape import DataShape
 from ..causal_lm.answers import Answers
 from ..causal_lm.generation import Completions, Sampling, completion_keys, generate, model_eos, stop_ids
 from ..causal_lm.logprobs import completion_logps
+from ..causal_lm.prompts import prompt_ids
+from ..causal_lm.tools import check_parses, check_renders_tools, load_tools, schema_of
 from ..contract import RunContext
 from ..hf_lm import HFCausalLM
 from . import loss as objective
 from .completions import CompletionsTable, taken
+from .environment import environment_reward, load_environment, made, methods
 from .figures import Figures, reserved
 from .options import GRPOOptions
-from .prompts import RolloutSlots, Slot, is_prompts, load_prompts
+from .prompts import PROMPT, RolloutSlots, Slot, is_prompts, load_prompts
 from .rewards import RewardCall, TrainerState, load_rewards, scores, total
+from .turns import Conversation, Toolkit, converse, counts
 
 SPLIT_KEYS = {"train": 0, "validation": 1, "test": 2}
 
@@ -79,7 +83,9 @@ class GroupRelative(HFCausalLM):
     @classmethod
     def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
         o = cfg.section(cls.name)
-        load_rewards(o.reward, o.reward_weights)  # each function found, before any data is read
+        load_tools(o.tools)  # each tool, function and environment found and checked before any data is read
+        owned = environment_reward(load_environment(o.environment)) if o.environment else None
+        load_rewards(o.reward, o.reward_weights, owned)
         if cfg.optim.batch_size * o.num_generations < cfg.optim.grad_accum_steps:
             raise ConfigError(
                 f"--grad-accum-steps {cfg.optim.grad_accum_steps}: more micro-batches than the step's "
@@ -99,21 +105,35 @@ class GroupRelative(HFCausalLM):
         self.frozen: nn.Module | None = None  # --kl-beta without LoRA: the starting model, frozen
         self.last_counts = (0, 0)  # the last micro-batch's completions and completion tokens
         self.device = torch.device("cpu")  # the run's (on_run_start)
+        self.tools: list[Callable] = []  # --tools (load_data)
+        self.environment: type | None = None  # --environment's class (load_data)
+        self.kit: Toolkit | None = None  # with tools or an environment: completions are conversations (load_data)
+        self.room = (0, "")  # the most tokens a prompt may have, and why (load_data)
 
     # --------------------------------------------------------------------------- data and model
     def load_data(self, given=None) -> Splits:
         from ... import hf
 
-        self.rewards = load_rewards(self.o.reward, self.o.reward_weights)
+        self.tools = load_tools(self.o.tools)
+        self.environment = load_environment(self.o.environment) if self.o.environment else None
+        owned = environment_reward(self.environment) if self.environment else None
+        self.rewards = load_rewards(self.o.reward, self.o.reward_weights, owned)
         self.tokenizer = hf.load_tokenizer(self.cfg)
         self.model_config = self.checked_config(self.tokenizer.pad_token_id)
         positions = hf.max_positions(self.model_config) or self.cfg.data.max_length + self.o.max_new_tokens
         room = positions - self.o.max_new_tokens
         if room < 1:
             raise ConfigError(f"--max-new-tokens {self.o.max_new_tokens}: the model has {positions} positions")
-        rows, source, chats = load_prompts(self.cfg, self.tokenizer, given, self.prompt_room(positions))
+        schemas = self.schemas(self.probe_tools())
+        self.room = self.prompt_room(positions)
+        rows, source, chats = load_prompts(self.cfg, self.tokenizer, given, self.room, schemas)
         self.prompts = rows  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
         self.stops = stop_ids(self.tokenizer, model_eos(self.cfg, self.model_config), chats)
+        if schemas:
+            what = "--tools" if self.tools else "--environment"
+            check_renders_tools(self.tokenizer, what)
+            check_parses(self.tokenizer, what)
+            self.kit = Toolkit(self.tokenizer, self.stops, positions, self.o.max_tool_calls, self.o.tool_timeout)
         train = RolloutSlots(rows["train"], self.cfg, self.run.processes)
         self.steps_per_epoch = train.rollouts * self.o.grpo_iterations
         shape = DataShape(
@@ -187,11 +207,10 @@ class GroupRelative(HFCausalLM):
         model = accelerator.unwrap_model(ctx.model)
         rows = torch.tensor(slot.rows)
         keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS["train"], slot.epoch, rows, self.o.num_generations)
-        prompts = [self.prompts["train"].ids[r] for r in slot.rows for _ in range(self.o.num_generations)]
         with accelerator.autocast():
-            done = generate(model, prompts, keys, self.sampling())
+            done, talks = self.complete(model, "train", slot.rows, self.o.num_generations, keys)
         call = self.reward_call(self.trainer_state(ctx.step))
-        table, args = self.score(done, slot.rows, "train", call=call)
+        table, args = self.score(done, slot.rows, "train", call=call, talks=talks)
         reward = total(table, self.rewards).to(accelerator.device)  # NaN: unscorable
         every = accelerator.gather(reward)
         batch_std = objective.nanstd(every) if self.o.scale_rewards == "batch" else None
@@ -207,6 +226,8 @@ class GroupRelative(HFCausalLM):
             accelerator, table.to(accelerator.device), reward, done, self.o.num_generations, names, call.metrics
         )
         self.table.add(ctx.step, args, table, names, reward.cpu(), advantage.cpu(), call.extra)
+        if talks is not None:
+            self.figures.add_tools(accelerator, counts(talks), len(talks))
         self.figures.generating += time.perf_counter() - started
         return Rollout(done, advantage, keep, old, ref, share)
 
@@ -226,6 +247,60 @@ class GroupRelative(HFCausalLM):
         with cast(Any, model).disable_adapter():
             return self.rollout_logps(model, done)
 
+    # --------------------------------------------------------------------------- completions, with tools or not
+    def complete(
+        self, model: nn.Module, split: str, rows: list[int], per_row: int, keys: torch.Tensor | None
+    ) -> tuple[Completions, list[Conversation] | None]:
+        """Each row's prompt completed `per_row` times (keys: sampled; None: greedy); with tools or an environment,
+        as conversations (tasks/grpo/turns.py), which are returned too."""
+        if self.kit is None:
+            prompts = [self.prompts[split].ids[r] for r in rows for _ in range(per_row)]
+            return generate(model, prompts, keys, self.sampling()), None
+        talks = [self.conversation(split, r) for r in rows for _ in range(per_row)]
+        return converse(model, talks, keys, self.sampling(), self.kit), talks
+
+    def probe_tools(self) -> list[Callable]:
+        """Every completion's tools: --tools, then the environment's methods (of an instance made to read them)."""
+        found = list(self.tools)
+        if self.environment is not None:
+            found += methods(made(self.environment, self.o.environment))
+        return found
+
+    def schemas(self, tools: list[Callable]) -> list[dict]:
+        """The tools' JSON schemas, as the chat template shows them (each function's made once)."""
+        known = self.__dict__.setdefault("known_schemas", {})
+        for tool in tools:
+            function = getattr(tool, "__func__", tool)
+            if function not in known:
+                known[function] = schema_of(tool, "--tools")
+        return [known[getattr(tool, "__func__", tool)] for tool in tools]
+
+    def conversation(self, split: str, row: int) -> Conversation:
+        """A completion of the row's prompt: its tools and, with --environment, its own instance, reset with the
+        row (a text it returns added to the last user message)."""
+        source, tools, environment = self.prompts[split], list(self.tools), None
+        prefix = source.ids[row]
+        if self.environment is not None:
+            environment = made(self.environment, self.o.environment)
+            tools += methods(environment)
+            where = f"--environment: row {row} of the {split} split"
+            given = {PROMPT: source.prompts[row], **{k: v[row] for k, v in source.columns.items()}}
+            seen = reset(environment, given, where)
+            if isinstance(seen, str):
+                prefix = self.shown(source.prompts[row], seen, where, tools)
+        return Conversation(prefix, {t.__name__: t for t in tools}, self.schemas(tools), environment)
+
+    def shown(self, prompt: list, seen: str, where: str, tools: list[Callable]) -> list[int]:
+        """The ids of a chat prompt with the environment's text added to its last message, checked for room."""
+        prompt = [*prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + seen}]
+        ids = prompt_ids(self.tokenizer, prompt, where, self.schemas(tools))
+        if len(ids) > self.room[0]:
+            raise ConfigError(
+                f"{where}: with reset's text its prompt has {len(ids)} tokens, more than the {self.room[0]} a prompt "
+                f"may have ({self.room[1]}); prompts are never cut"
+            )
+        return ids
+
     def sampling(self) -> Sampling:
         o = self.o
         return Sampling(o.max_new_tokens, tuple(self.stops), self.tokenizer.pad_token_id, o.temperature, o.top_p)
@@ -241,20 +316,31 @@ class GroupRelative(HFCausalLM):
         return RewardCall(state, figures=reserved(names), columns=taken(names))
 
     def score(
-        self, done: Completions, rows: list[int], split: str, per_row: int | None = None, call: RewardCall | None = None
+        self,
+        done: Completions,
+        rows: list[int],
+        split: str,
+        per_row: int | None = None,
+        call: RewardCall | None = None,
+        talks: list[Conversation] | None = None,
     ) -> tuple[torch.Tensor, dict]:
         """(completions, functions) rewards of the completions of `rows` (each `per_row` times, default G), and the
-        arguments the functions got; `call`: trainer_state, log_metric, log_extra (a training rollout's)."""
+        arguments the functions got; `call`: trainer_state, log_metric, log_extra (a training rollout's); `talks`:
+        the completions as conversations (tools: each its messages; an environment: each its instance)."""  # fmt: skip
         per_row = per_row or self.o.num_generations
         source = self.prompts[split]
         ids = done.completion_ids()
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in ids]
         chats = isinstance(source.prompts[rows[0]], list)
         completions = [[{"role": "assistant", "content": t}] for t in texts] if chats else texts
+        if talks is not None:
+            completions = [talk.messages for talk in talks]
         args = {"prompts": [source.prompts[r] for r in rows for _ in range(per_row)], "completions": completions,
                 "completion_ids": ids}  # fmt: skip
         for name, values in source.columns.items():
             args[name] = [values[r] for r in rows for _ in range(per_row)]
+        if talks is not None and self.environment is not None:
+            args["environments"] = [talk.environment for talk in talks]
         call = call or self.reward_call(self.state or self.trainer_state(0))  # evaluation: what it logs is dropped
         return scores(self.rewards, args, lambda k: f"completion {k % per_row} of {split} row {rows[k // per_row]}",
                       call), args  # fmt: skip
@@ -306,12 +392,11 @@ class GroupRelative(HFCausalLM):
         from ..causal_lm.generation import unwrapped
 
         split, rows = inputs.split, inputs.rows
-        prompts = [self.prompts[split].ids[r] for r in rows]
         keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS[split], 0, torch.tensor(rows), 1)
         stats = {}
         for name, k in (("reward", keys), ("greedy_reward", None)):
-            done = generate(unwrapped(model), prompts, k, self.sampling())
-            reward = total(self.score(done, rows, split, 1)[0], self.rewards).to(targets.device)
+            done, talks = self.complete(unwrapped(model), split, rows, 1, k)
+            reward = total(self.score(done, rows, split, 1, talks=talks)[0], self.rewards).to(targets.device)
             stats[name], stats[f"{name}_scored"] = reward.nan_to_num(0.0), (~reward.isnan()).double()
         return stats
 
@@ -335,3 +420,11 @@ class GroupRelative(HFCausalLM):
             "grpo_loss": o.grpo_loss,
             **rewards,
         }
+
+
+def reset(environment, row: dict, where: str):
+    """environment.reset(**row); one line naming the row where the user's reset raises."""
+    try:
+        return environment.reset(**row)
+    except Exception as e:  # noqa: BLE001 - the user's environment: one line
+        raise ConfigError(f"{where}: {type(environment).__name__}.reset raised {first_line(e)}") from None
