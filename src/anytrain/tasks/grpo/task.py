@@ -125,14 +125,14 @@ class GroupRelative(HFCausalLM):
         if room < 1:
             raise ConfigError(f"--max-new-tokens {self.o.max_new_tokens}: the model has {positions} positions")
         schemas = self.schemas(self.probe_tools())
+        if schemas:  # the template shows the tools and parses the calls
+            check_renders_tools(self.tokenizer, "--tools" if self.tools else "--environment")
+            check_parses(self.tokenizer, "--tools" if self.tools else "--environment")
         self.room = self.prompt_room(positions)
         rows, source, chats = load_prompts(self.cfg, self.tokenizer, given, self.room, schemas)
         self.prompts = rows  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
         self.stops = stop_ids(self.tokenizer, model_eos(self.cfg, self.model_config), chats)
         if schemas:
-            what = "--tools" if self.tools else "--environment"
-            check_renders_tools(self.tokenizer, what)
-            check_parses(self.tokenizer, what)
             self.kit = Toolkit(self.tokenizer, self.stops, positions, self.o.max_tool_calls, self.o.tool_timeout)
         train = RolloutSlots(rows["train"], self.cfg, self.run.processes)
         self.steps_per_epoch = train.rollouts * self.o.grpo_iterations

@@ -1,0 +1,287 @@
+"""--task grpo with tools (issue 47): --tools and --environment, multi-turn completions as TRL's GRPOTrainer makes
+them. Tools are a file's public functions or the named ones, checked as transformers makes their schemas; a call is
+answered as TRL answers it (an unknown tool, bad arguments, an exception, a hang past --tool-timeout: an error the
+model reads, counted); a conversation appends the tools' answers exactly as the chat template renders them and
+learns only the model's tokens; the figures count calls, failures, turns; reward functions get the conversation;
+each completion has its own environment, reset with its row; bad input is one line each. The gradient with the
+tools' tokens masked: tests/conformance/test_conformance_grpo_tools.py. A tiny random model writes no calls: the
+first turns are scripted (tests/tooldata.py), every later turn is the model's."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from hfchecks import in_process
+from hfmodels import chat_tokenizer, tiny_llama, tool_tokenizer
+from tooldata import KINDS, TOOLS, scripted, write_sums
+
+from anytrain.config import ConfigError
+from anytrain.tasks.causal_lm.tools import check_parses, check_renders_tools, load_tools, run_call
+from anytrain.tasks.grpo.turns import Conversation, Toolkit, assembled
+
+transformers = pytest.importorskip("transformers")
+
+REWARDS = '''
+def answered(prompts, completions, completion_ids, answer, **columns):
+    """1.0 where a tool's message holds the row's answer: the conversation, as TRL gives it."""
+    return [float(any(m["role"] == "tool" and m["content"] == a for m in c)) for c, a in zip(completions, answer)]
+'''
+
+ENVIRONMENT = '''
+class Adder:
+    """One completion's world: the row's answer, the calls made."""
+
+    def __init__(self):
+        self.answer, self.calls, self.resets = None, [], 0
+
+    def reset(self, prompt, answer, **row):
+        self.answer, self.resets = answer, self.resets + 1
+        return " Use the add tool."
+
+    def add(self, a: int, b: int) -> int:
+        """Add two whole numbers.
+
+        Args:
+            a: the first number
+            b: the second number
+        """
+        total = a + b
+        self.calls.append((a, b))
+        return total
+
+    def get_reward(self) -> float:
+        return float(any(str(a + b) == self.answer for a, b in self.calls))
+
+
+class NoReset:
+    def add(self, a: int) -> int:
+        """Add.
+
+        Args:
+            a: a number
+        """
+        return a
+
+
+def fresh(prompts, completions, completion_ids, environments, answer, **columns):
+    """1.0 where every completion has its own instance, reset once with its own row."""
+    own = len({id(e) for e in environments}) == len(environments)
+    return [float(own and e.resets == 1 and e.answer == a) for e, a in zip(environments, answer)]
+'''
+
+G, NEW = 5, 120  # completions per prompt (one of each kind, by their keys, now and then), --max-new-tokens
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpo_tools")
+    (root / "tools.py").write_text(TOOLS)
+    (root / "rewards.py").write_text(REWARDS)
+    (root / "env.py").write_text(ENVIRONMENT)
+    rows = write_sums(root / "data", held_out=1)
+    return {"root": root, "model": tiny_llama(root / "llama", tools=True), "data": root / "data", "rows": rows,
+            "tools": root / "tools.py", "rewards": root / "rewards.py", "env": root / "env.py"}  # fmt: skip
+
+
+def flags(folders, *more: str) -> list[str]:
+    return [
+        "--task", "grpo", "--model", f"hf:{folders['model']}", "--dataset", str(folders["data"]),
+        "--num-generations", str(G), "--max-new-tokens", str(NEW), "--batch-size", "2", "--max-steps", "1",
+        "--log-every-steps", "1", "--seed", "3", *more,
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- tools, calls, templates
+
+
+def test_tools_are_a_files_public_functions_or_the_named_ones_each_refused_in_one_line(folders, tmp_path):
+    path = folders["tools"]
+    assert [t.__name__ for t in load_tools([str(path)])] == ["add", "wait"]  # not floor (imported), not _private
+    assert [t.__name__ for t in load_tools([f"{path}:add"])] == ["add"]
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        'def nodoc(a: int) -> int:\n    return a\n\n\ndef nohint(a):\n    """No hint.\n\n    Args:\n        a: x\n'
+        '    """\n    return a\n\n\nvalue = 3\n'
+    )
+    cases = [
+        ([str(tmp_path / "missing.py")], "--tools .*missing.py: file not found"),
+        ([f"{path}:mul"], "has no attribute 'mul'"),
+        ([f"{bad}:nodoc"], "nodoc cannot be a tool"),
+        ([f"{bad}:nohint"], "nohint cannot be a tool"),
+        ([f"{bad}:value"], "value is not a function"),
+        ([f"{path}:add", f"{path}:add"], "two tools are called the same"),
+        (["add"], "expected FILE.py:function"),
+    ]
+    for specs, message in cases:
+        with pytest.raises(ConfigError, match=message) as refused:
+            load_tools(specs)
+        assert "\n" not in str(refused.value)
+
+
+def test_a_call_is_answered_as_trl_answers_it_and_a_failure_is_counted(folders):
+    tools = {t.__name__: t for t in load_tools([str(folders["tools"])])}
+
+    def call(name, **arguments):
+        return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+    assert run_call(tools, call("add", a=2, b=3), 1.0) == ({"role": "tool", "name": "add", "content": "5"}, False)
+    unknown, failed = run_call(tools, call("mul", a=2, b=3), 1.0)
+    assert failed and unknown == {"role": "tool", "name": "mul", "content": str({"error": "Tool mul not found."})}
+    missing, failed = run_call(tools, call("add", a=2), 1.0)
+    assert failed and "missing 1 required positional argument: 'b'" in missing["content"]
+    wrong, failed = run_call(tools, call("add", a=2, b="many"), 1.0)
+    assert failed and "unsupported operand" in wrong["content"]
+    started = time.perf_counter()
+    hung, failed = run_call(tools, call("wait", seconds=60), 0.2)
+    assert failed and hung["content"] == str({"error": "timed out after 0.2 s"})
+    assert time.perf_counter() - started < 30  # not the tool's 60 s
+
+
+def test_a_template_that_cannot_render_or_parse_tool_calls_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="^--tools: the model's chat template cannot render tool calls"):
+        check_renders_tools(chat_tokenizer(), "--tools")  # ChatML that reads only `content`: the call would vanish
+    blind = tool_tokenizer()
+    blind.response_template = None
+    with pytest.raises(ConfigError, match="^--tools: the model's tokenizer has no response_template"):
+        check_parses(blind, "--tools")
+    check_renders_tools(tool_tokenizer(), "--tools")
+    check_parses(tool_tokenizer(), "--tools")
+
+
+# --------------------------------------------------------------------------- a conversation
+
+
+def a_conversation(folders, max_calls: int = 10, positions: int = 1024):
+    from transformers.utils import get_json_schema
+
+    tokenizer = tool_tokenizer()
+    (add,) = load_tools([f"{folders['tools']}:add"])
+    schemas = [get_json_schema(add)]
+    prompt = [{"role": "user", "content": "What is 1234 + 4321?"}]
+    text = tokenizer.apply_chat_template(prompt, tools=schemas, tokenize=False, add_generation_prompt=True)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    kit = Toolkit(tokenizer, [tokenizer.eos_token_id, end], positions, max_calls, 1.0)
+    talk = Conversation(tokenizer(text).input_ids, {"add": add}, schemas)
+    call = tokenizer('<tool_call>\n{"name": "add", "arguments": {"a": 1234, "b": 4321}}\n</tool_call>').input_ids
+    return tokenizer, kit, talk, prompt, call + [end], end
+
+
+def test_a_conversation_appends_what_the_template_renders_and_learns_only_the_models_tokens(folders):
+    tokenizer, kit, talk, prompt, call, end = a_conversation(folders)
+    talk.take(call, True, kit, room=NEW)
+    assert talk.open and (talk.calls, talk.failed, talk.turns) == (1, 0, 1)
+    function = {"name": "add", "arguments": {"a": 1234, "b": 4321}}  # typed by the tool's schema
+    assert talk.messages == [
+        {"role": "assistant", "tool_calls": [{"type": "function", "function": function}]},
+        {"role": "tool", "name": "add", "content": "5555"},
+    ]
+    # independently: the conversation as the template renders it, up to the next generation prompt
+    whole = tokenizer.apply_chat_template(
+        [*prompt, *talk.messages], tools=talk.schemas, tokenize=False, add_generation_prompt=True
+    )
+    assert tokenizer.decode(talk.prefix + talk.ids) == whole
+    answer = tokenizer("5555").input_ids + [end]
+    talk.take(answer, True, kit, room=NEW - len(call))
+    assert not talk.open and talk.turns == 2 and talk.messages[-1] == {"role": "assistant", "content": "5555"}
+
+    other = Conversation(talk.prefix[3:], {}, talk.schemas)  # an empty completion beside it, its prompt shorter
+    done = assembled([talk, other], 0, torch.device("cpu"))
+    region, real = done.ids[0, done.width :], done.mask[0, done.width :].bool()
+    assert region[done.completion[0]].tolist() == call + answer  # the model's turns, and nothing else, learned
+    told = tokenizer.decode(region[real & ~done.completion[0]])
+    assert told == whole[len(tokenizer.decode(talk.prefix + call)) :]  # the tools' tokens: the template's text
+    assert done.completion_ids()[0] == talk.ids  # what the reward functions get: every token after the prompt
+    real_positions = done.positions[0][done.mask[0].bool()]
+    assert real_positions.tolist() == list(range(len(talk.prefix) + len(talk.ids)))
+    assert done.completion[1].sum() == 0 and done.mask[1, done.width :].sum() == 0
+
+
+def test_a_call_past_max_tool_calls_or_without_room_ends_the_completion_unanswered(folders):
+    tokenizer, kit, talk, _, call, _ = a_conversation(folders, max_calls=1)
+    talk.take(call, True, kit, room=NEW)
+    talk.take(call, True, kit, room=NEW)  # a second call, --max-tool-calls 1 made: not run
+    assert not talk.open and talk.calls == 1 and talk.messages[-1]["role"] == "assistant"
+    assert sum(1 for m in talk.messages if m["role"] == "tool") == 1
+
+    tokenizer, kit, talk, _, call, _ = a_conversation(folders, positions=len(a_conversation(folders)[2].prefix) + 60)
+    talk.take(call, True, kit, room=NEW)  # its answer would pass the model's positions
+    assert not talk.open and talk.calls == 1 and talk.ids == call and talk.learned == [True] * len(call)
+    tokenizer, kit, talk, _, call, _ = a_conversation(folders)
+    talk.take(call, True, kit, room=0)  # its own tokens spent: the call is not run
+    assert not talk.open and talk.calls == 0 and not talk.truncated
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_a_run_with_tools_answers_counts_and_rewards_the_conversations(folders, tmp_path, monkeypatch):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folders["model"])
+    seen = scripted(monkeypatch, tokenizer)
+    rewards = f"{folders['rewards']}:answered"
+    summary = in_process(tmp_path / "run", *flags(folders, "--tools", f"{folders['tools']}:add", "--reward", rewards))
+    step = [s["kind"] for s in seen[10:20]]  # after the start-up check's rollout (10 completions, forgotten)
+    calls = sum(k in ("right", "bad argument", "unknown") for k in step)
+    assert 0 < calls < len(step) and len(set(step)) >= 3
+    figures = summary["train_last"]
+    assert figures["tool_calls"] == pytest.approx(calls / 10) == figures["called_tools"]
+    failures = sum(k in ("bad argument", "unknown") for k in step)
+    assert figures["tool_failures"] == pytest.approx(failures / calls)
+    assert figures["turns"] == pytest.approx((10 + calls) / 10)  # every answered call gets the model's next turn
+    assert figures["malformed_turns"] == pytest.approx(step.count("malformed") / (10 + calls))
+    assert figures["reward_answered"] == pytest.approx(step.count("right") / 10)  # the tool's answer was in the chat
+    assert summary["val_greedy_reward"] == 1.0  # greedy: the right call, answered
+    table = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    calls = [k in ("right", "bad argument", "unknown") for k in step[: len(table)]]  # the table: the first rows
+    assert ["[call " in r["completion"] for r in table] == calls, (step, [r["completion"][:30] for r in table])
+    assert all(" -> " in r["completion"] for r, called in zip(table, calls) if called)  # each call with its answer
+
+
+def test_each_completion_has_its_own_environment_reset_with_its_row(folders, tmp_path, monkeypatch):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folders["model"])
+    seen = scripted(monkeypatch, tokenizer)
+    more = ["--environment", f"{folders['env']}:Adder", "--reward", f"{folders['env']}:fresh"]
+    summary = in_process(tmp_path / "run", *flags(folders, *more))
+    assert summary["rewards"] == ["fresh", "Adder"]  # get_reward: a reward function named after the class
+    figures = summary["train_last"]
+    assert figures["reward_fresh"] == 1.0  # every completion its own instance, reset once with its own row
+    step = [s["kind"] for s in seen[10:20]]
+    assert figures["reward_Adder"] == pytest.approx(step.count("right") / 10)  # the instance's state after the talk
+    assert all(s["prompt"].rstrip().endswith("Use the add tool.<|im_end|>\n<|im_start|>assistant") for s in seen)
+    assert '"name": "add"' in seen[0]["prompt"]  # its methods are the tools the template shows
+
+
+@pytest.mark.parametrize(
+    "more, message",
+    [
+        (["--environment", "{env}:NoReset", "--reward", "answer"], "NoReset has no reset method"),
+        (["--environment", "{env}", "--reward", "answer"], "expected FILE.py:Class"),
+        (["--tools", "{tools}:nowhere", "--reward", "answer"], "has no attribute 'nowhere'"),
+        (["--tools", "{tools}"], "needs at least one reward function"),
+    ],
+)
+def test_bad_tool_options_are_one_line_each(folders, tmp_path, more, message):
+    given = [m.format(env=folders["env"], tools=folders["tools"]) for m in more]
+    with pytest.raises(ConfigError, match=message) as refused:
+        in_process(tmp_path / "run", *flags(folders, *given))
+    assert "\n" not in str(refused.value) and not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_tools_need_chat_prompts_and_a_template_that_renders_them(folders, tmp_path):
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "train.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"{k} + 1 =", "answer": "x"}) + "\n" for k in range(6))
+    )
+    tools = ["--tools", str(folders["tools"]), "--reward", "answer"]
+    with pytest.raises(ConfigError, match="^--tools: the prompts of .* are text; tools need chat prompts"):
+        in_process(tmp_path / "a", *flags({**folders, "data": text}, *tools))
+    plain = tiny_llama(tmp_path / "plain")  # ChatML without tools
+    with pytest.raises(ConfigError, match="^--tools: the model's chat template cannot render tool calls"):
+        in_process(tmp_path / "b", *flags({**folders, "model": plain}, *tools))
+
+
+def test_kinds_cover_what_a_model_does_with_a_tool():
+    assert KINDS == ("right", "bad argument", "unknown", "malformed", "none")
