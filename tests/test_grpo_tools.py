@@ -18,6 +18,7 @@ from hfchecks import in_process
 from hfmodels import chat_tokenizer, tiny_llama, tool_tokenizer
 from tooldata import KINDS, TOOLS, scripted, write_sums
 
+from anytrain import load_model
 from anytrain.config import ConfigError
 from anytrain.tasks.causal_lm.tools import check_parses, check_renders_tools, load_tools, run_call
 from anytrain.tasks.grpo.turns import Conversation, Toolkit, assembled
@@ -90,7 +91,7 @@ def flags(folders, *more: str) -> list[str]:
     return [
         "--task", "grpo", "--model", f"hf:{folders['model']}", "--dataset", str(folders["data"]),
         "--num-generations", str(G), "--max-new-tokens", str(NEW), "--batch-size", "2", "--max-steps", "1",
-        "--log-every-steps", "1", "--seed", "3", *more,
+        "--log-every-steps", "1", "--seed", "3", "--optimizer", "sgd", "--lr", "0.05", *more,
     ]  # fmt: skip
 
 
@@ -217,11 +218,19 @@ def test_a_call_past_max_tool_calls_or_without_room_ends_the_completion_unanswer
 # --------------------------------------------------------------------------- runs
 
 
-def test_a_run_with_tools_answers_counts_and_rewards_the_conversations(folders, tmp_path, monkeypatch):
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folders["model"])
-    seen = scripted(monkeypatch, tokenizer)
-    rewards = f"{folders['rewards']}:answered"
-    summary = in_process(tmp_path / "run", *flags(folders, "--tools", f"{folders['tools']}:add", "--reward", rewards))
+@pytest.fixture(scope="module")
+def tool_run(folders, tmp_path_factory):
+    """One step with --tools (the first turns scripted): its summary, what was scripted, its folder."""
+    run = tmp_path_factory.mktemp("tool_run") / "run"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        seen = scripted(monkeypatch, transformers.AutoTokenizer.from_pretrained(folders["model"]))
+        rewards = f"{folders['rewards']}:answered"
+        summary = in_process(run, *flags(folders, "--tools", f"{folders['tools']}:add", "--reward", rewards))
+    return summary, seen, run
+
+
+def test_a_run_with_tools_answers_counts_and_rewards_the_conversations(tool_run):
+    summary, seen, run = tool_run
     step = [s["kind"] for s in seen[10:20]]  # after the start-up check's rollout (10 completions, forgotten)
     calls = sum(k in ("right", "bad argument", "unknown") for k in step)
     assert 0 < calls < len(step) and len(set(step)) >= 3
@@ -233,10 +242,23 @@ def test_a_run_with_tools_answers_counts_and_rewards_the_conversations(folders, 
     assert figures["malformed_turns"] == pytest.approx(step.count("malformed") / (10 + calls))
     assert figures["reward_answered"] == pytest.approx(step.count("right") / 10)  # the tool's answer was in the chat
     assert summary["val_greedy_reward"] == 1.0  # greedy: the right call, answered
-    table = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    table = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     calls = [k in ("right", "bad argument", "unknown") for k in step[: len(table)]]  # the table: the first rows
     assert ["[call " in r["completion"] for r in table] == calls, (step, [r["completion"][:30] for r in table])
     assert all(" -> " in r["completion"] for r, called in zip(table, calls) if called)  # each call with its answer
+
+
+def test_accumulated_micro_batches_equal_one_batch_with_tools(folders, tool_run, tmp_path, monkeypatch):
+    summary, _, run = tool_run
+    scripted(monkeypatch, transformers.AutoTokenizer.from_pretrained(folders["model"]))
+    more = ["--tools", f"{folders['tools']}:add", "--reward", f"{folders['rewards']}:answered"]
+    accumulated = in_process(tmp_path / "run", *flags(folders, *more, "--grad-accum-steps", "2"))
+    assert accumulated["train_last"]["tool_calls"] == summary["train_last"]["tool_calls"] > 0
+    one, two = load_model(run).state_dict(), load_model(tmp_path / "run").state_dict()
+    base = transformers.AutoModelForCausalLM.from_pretrained(folders["model"]).state_dict()
+    diff = max((one[k] - two[k]).abs().max().item() for k in one)
+    moved = max((one[k] - base[k]).abs().max().item() for k in one)  # what the step changed: far above the gap
+    assert diff < 1e-7 < 1e-5 < moved, (diff, moved)
 
 
 def test_each_completion_has_its_own_environment_reset_with_its_row(folders, tmp_path, monkeypatch):
