@@ -86,7 +86,8 @@ class GRPOOptions:
     )
     max_tool_calls: int = option(
         10,
-        "grpo: the tool calls a completion may make; after the turn that reaches them the completion ends",
+        "grpo: the tool calls a completion may make: a turn that calls once they are made ends it, unanswered "
+        "(TRL's max_tool_calling_iterations counts turns)",
         bounds=POSITIVE,
     )
     tool_timeout: float = option(
