@@ -189,6 +189,12 @@ def read_dataset(name: str, streaming: bool = False, folder=None):
         from .instructions import ROWS, load_questions
 
         return load_questions(), f"{name} (bundled: {ROWS} generated questions, each with its checkable answer)"
+    if name in ("tool-sums", "sum-questions"):
+        from .sums import ROWS, load_sum_questions, load_tool_sums
+
+        if name == "tool-sums":
+            return load_tool_sums(), f"{name} (bundled: {ROWS} generated chats that add with a tool)"
+        return load_sum_questions(), f"{name} (bundled: {ROWS} generated sums, each with its answer)"
     if name == "preferences":
         from .preferences import ROWS, load_preferences
 
