@@ -2,8 +2,9 @@
 
 Sampling is a function of each completion's key (the same completions in one batch or two, and from the tempered
 softmax); the masks read back what generate wrote (a completion ends at its first stop token; its tokens'
-log-probabilities in training are those generate sampled from, left padding included); advantages, clipping, KL
-and the three normalisations as stated; reward functions with TRL's signature get the dataset's columns and are
+log-probabilities in training are those generate sampled from, left padding included); advantages (GRPO's and
+RLOO's leave-one-out, by hand), clipping, KL and the three normalisations as stated; --advantage rloo settles
+RLOOTrainer's defaults; reward functions with TRL's signature get the dataset's columns and are
 refused in one line when they raise, return the wrong number of values or NaN; bad input is one line each; the
 reward rises; and the step is exact: 4 accumulated micro-batches equal one batch, 2 ranks equal 1 (launched, with
 what a reward function logs), a SIGKILLed run resumes bit for bit, its completions table too (launched). The reward
@@ -14,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,7 @@ from hfchecks import in_process
 from hfmodels import tiny_bert_mlm, tiny_llama
 
 from anytrain import lmhead, load_model
-from anytrain.config import ConfigError
+from anytrain.config import ConfigError, TrainConfig
 from anytrain.tasks.causal_lm.generation import (
     NoisyScores,
     Sampling,
@@ -37,8 +40,10 @@ from anytrain.tasks.causal_lm.generation import (
 from anytrain.tasks.causal_lm.logprobs import completion_logps
 from anytrain.tasks.grpo import loss as objective
 from anytrain.tasks.grpo.rewards import Reward, load_rewards, scores, total
+from anytrain.tasks.grpo.task import GroupRelative
 
 transformers = pytest.importorskip("transformers")
+NAN = float("nan")
 
 REWARDS = '''
 def ones(prompts, completions, completion_ids, **columns):
@@ -197,6 +202,54 @@ def test_advantages_are_within_each_group_and_a_flat_group_gets_none():
     assert group[4:].tolist() == [0.0] * 4  # all equal: no signal
     assert objective.advantages(rewards, 4, "none", None)[:2].tolist() == [0.5, -0.5]
     assert objective.advantages(rewards, 4, "batch", torch.tensor(0.25))[0].item() == pytest.approx(0.5 / 0.2501)
+
+
+def test_rloo_advantages_are_the_reward_less_the_mean_of_the_groups_other_rewards():
+    """TRL RLOOTrainer's leave-one-out advantage, by hand: r_i - (sum - r_i) / (k - 1) over the k scorable ones."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, NAN, 0.0, 1.0, NAN, NAN, 2.0, NAN], dtype=torch.float64)
+    rloo = objective.advantages(rewards, 4, "none", None, "rloo")
+    assert rloo[:4].tolist() == pytest.approx([1 - 1 / 3, 0 - 2 / 3, 0 - 2 / 3, 1 - 1 / 3])  # +-2/3
+    assert rloo[4:8].tolist() == pytest.approx([1 - 1 / 2, 0.0, 0 - 2 / 2, 1 - 1 / 2])  # the None left out: k = 3
+    assert rloo[8:].tolist() == [0.0] * 4  # one scorable: no other reward to take the baseline from
+    grpo = objective.advantages(rewards, 4, "none", None)
+    assert rloo[:4].tolist() == pytest.approx((grpo[:4] * 4 / 3).tolist())  # G / (G - 1) x grpo's
+    pairs = torch.tensor([3.0, 1.0, 0.5, NAN], dtype=torch.float64)
+    assert objective.advantages(pairs, 2, "none", None, "rloo").tolist() == [2.0, -2.0, 0.0, 0.0]  # G = 2
+    same = lambda values: values  # noqa: E731 - one process: gathering is the values themselves
+    normal = objective.advantages(rewards, 4, "none", None, "rloo", normalise=same)
+    seen = [2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.5, -1.0, 0.5]  # the advantages that are not NaN (mean 0)
+    assert normal[:4].tolist() == pytest.approx([a / (statistics.stdev(seen) + 1e-4) for a in seen[:4]], abs=1e-6)
+    scaled = objective.advantages(rewards, 4, "group", None, "rloo")
+    assert scaled[0].item() == pytest.approx((2 / 3) / (statistics.stdev([1.0, 0.0, 0.0, 1.0]) + 1e-4), abs=1e-6)
+
+
+def test_the_sum_ratio_is_the_completions_and_rloos_kl_is_no_term_of_the_loss():
+    logps = torch.log(torch.tensor([[1.5, 0.5, 1.0, 1.0]]))
+    old, keep = torch.zeros(1, 4), torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    s = {"importance": "sequence_sum", "epsilon": 0.2, "epsilon_high": 0.0, "kl_beta": 0.0, "kl_bias_correction": True}
+    losses, stats = objective.token_losses(logps, old, None, torch.tensor([-1.0]), keep, s)
+    assert losses.tolist()[0] == pytest.approx([0.8] * 4)  # ratio 1.5 x 0.5 x 1 = 0.75, clipped to 0.8 (A < 0)
+    assert stats["clipped_low"].item() == 3  # the counted tokens
+    ref = torch.log(torch.tensor([[1.0, 1.0, 2.0, 5.0]]))
+    rloo = {**s, "kl_beta": 0.1, "advantage": "rloo"}
+    with_kl, stats = objective.token_losses(logps, old, ref, torch.tensor([-1.0]), keep, rloo)
+    assert torch.equal(with_kl, losses) and stats["kl"].item() == pytest.approx(-math.log(2))  # sum of old - ref
+    grpo, _ = objective.token_losses(logps, old, ref, torch.tensor([-1.0]), keep, {**rloo, "advantage": "grpo"})
+    assert not torch.allclose(grpo, losses)  # grpo's KL: a term of the loss
+
+
+def test_rloo_settles_trls_rloo_defaults_for_the_options_not_given(folders):
+    base = {"task": "grpo", "model": f"hf:{folders['model']}", "reward": ["answer"], "max_length": 64}
+    cfg, notes = GroupRelative.settle(TrainConfig(**base, advantage="rloo", kl_beta=0.0, grpo_loss="dapo"))
+    o = cfg.section("grpo")
+    assert (o.importance, o.scale_rewards, o.grpo_loss, o.kl_beta) == ("sequence_sum", "none", "dapo", 0.0)
+    assert notes == ("--advantage rloo: --importance sequence_sum, --scale-rewards none (TRL's RLOOTrainer defaults)",)
+    assert GroupRelative.settle(TrainConfig(**base, advantage="rloo"))[0].section("grpo").kl_beta == 0.05
+    plain = TrainConfig(**base)
+    assert GroupRelative.settle(plain) == (plain, ())  # grpo's defaults stay TRL GRPOTrainer's
+    refused = TrainConfig(**base, advantage="rloo", kl_bias_correction=False)
+    with pytest.raises(ConfigError, match="^--no-kl-bias-correction: with --advantage rloo the KL is in the reward"):
+        GroupRelative.check_settled(GroupRelative.settle(refused)[0], "")
 
 
 def test_the_three_normalisations_count_what_they_say():

@@ -2,10 +2,11 @@
 
 A completion no function scored is unscorable: left out of its group's mean and of the (unbiased, nan-aware)
 standard deviations, advantage 0, left out of the logged reward (the advantages equal TRL's formula, written out
-here); bools are numbers; the functions get trainer_state, log_metric and log_extra, also when a failing row is
-looked for; what they log reaches the log line and run_dir/completions.jsonl, whose rows say each completion's
-values, reward and advantage, and which a resumed run appends to (the rows it samples again dropped); the trackers
-that take tables get those rows (wandb's log_table, tensorboard's text summary as a markdown table)."""
+here, GRPOTrainer's and RLOOTrainer's); bools are numbers; the functions get trainer_state, log_metric and
+log_extra, also when a failing row is looked for; what they log reaches the log line and run_dir/completions.jsonl,
+whose rows say each completion's values, reward and advantage, and which a resumed run appends to (the rows it
+samples again dropped); the trackers that take tables get those rows (wandb's log_table, tensorboard's text summary
+as a markdown table)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,22 @@ def trl_advantages(rewards: list[float], generations: int, scale: str) -> list[f
     return out
 
 
+def trl_rloo_advantages(rewards: list[float], generations: int, normalize: bool) -> list[float]:
+    """TRL 1.16's RLOO advantages (rloo_trainer.py, _generate_and_score_completions), written out: the reward minus
+    the mean of its group's other scorable rewards (NaN where it has none, or is unscorable); normalize_advantages:
+    minus the mean of the step's (not NaN) advantages, over their stdev (Bessel) + 1e-4; NaN -> 0."""
+    out = []
+    for start in range(0, len(rewards), generations):
+        group = rewards[start : start + generations]
+        seen = [v for v in group if not math.isnan(v)]
+        out += [r - (sum(seen) - r) / (len(seen) - 1) if len(seen) > 1 else NAN for r in group]
+    if normalize:
+        seen = [a for a in out if not math.isnan(a)]
+        mean, std = sum(seen) / len(seen), statistics.stdev(seen)
+        out = [(a - mean) / (std + 1e-4) for a in out]
+    return [0.0 if math.isnan(a) else a for a in out]
+
+
 def fixed(values: list) -> Reward:
     return Reward("f", lambda prompts, completions, completion_ids, **kwargs: values, 1.0)
 
@@ -85,6 +102,10 @@ def test_an_unscorable_completion_is_left_out_of_the_mean_and_std_and_gets_advan
         ours = objective.advantages(reward, 4, scale, batch_std)
         assert ours.tolist() == pytest.approx(trl_advantages(expected, 4, scale), abs=1e-6), scale
         assert ours[[1, 4, 5, 6, 8, 9, 10, 11]].tolist() == [0.0] * 8  # unscorable, or alone in its group
+    for normalize in (False, True):
+        rloo = objective.advantages(reward, 4, "none", None, "rloo", (lambda values: values) if normalize else None)
+        assert rloo.tolist() == pytest.approx(trl_rloo_advantages(expected, 4, normalize), abs=1e-6), normalize
+        assert rloo[[1, 4, 5, 6, 7, 8, 9, 10, 11]].tolist() == [0.0] * 9  # unscorable, or alone: no baseline
     group = objective.advantages(reward, 4, "group", None)
     assert group[0].item() == pytest.approx((1.0 - 2.5 / 3) / (statistics.stdev([1.0, 0.5, 1.0]) + 1e-4), abs=1e-6)
     assert group[7].item() == 0.0  # the one scorable completion of its group: TRL's nanstd is NaN there

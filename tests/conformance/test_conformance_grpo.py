@@ -1,6 +1,7 @@
 """The specification of `--task grpo`: an optimizer step under plain SGD is lr times the gradient of TRL 1.16's GRPO
-loss on the completions the step sampled. The run's rollouts are recorded (GroupRelative.roll_out wrapped: its
-Rollout and the weights it was sampled with); everything else is recomputed here, independently:
+loss (or, with --advantage rloo, RLOOTrainer's) on the completions the step sampled. The run's rollouts are recorded
+(GroupRelative.roll_out wrapped: its Rollout and the weights it was sampled with); everything else is recomputed
+here, independently:
 
 - each completion: the generated tokens after the prompt through the first stop token (end-of-text, ChatML's
   <|im_end|>), or all --max-new-tokens of them; its text decoded without special tokens;
@@ -12,19 +13,38 @@ Rollout and the weights it was sampled with); everything else is recomputed here
 - log-probabilities (GRPOTrainer._get_per_token_logps_and_entropies): log_softmax(logits / temperature) of each
   completion token, the prompt and completion alone and unpadded, the model in float64;
 - the loss (GRPOTrainer._compute_loss, num_iterations 1: old = logp, detached): coef_1 = exp(logp - old) per token,
-  or per completion exp(mean over its tokens) (--importance sequence); per token
+  or per completion exp(mean over its tokens) (--importance sequence) or exp(their sum) (sequence_sum: anytrain's,
+  RLOOTrainer's ratio); per token
   -min(coef_1 A, clip(coef_1, 1 - eps, 1 + eps) A), plus beta (exp(ref - logp) - (ref - logp) - 1) coef_1 with
   --kl-beta (k3, times coef_1: use_bias_correction_kl, TRL's default; ref the starting model); summed over every
   completion token of the step over their count (dapo), each completion's token mean averaged over the completions
   (grpo), or summed over completions x --max-new-tokens (dr_grpo); the same step on accumulated micro-batches
   (anytrain's tasks/grpo/loss.py docstring).
 
-At the first step the reference is the policy, so the KL term and its gradient vanish: the KL cases check the
-second step (its rollout sampled by, and its gradient taken at, the weights after the first; the reference the
-starting model). Each case failed before issue 46's fixes where it says so in the guide's Conformance section.
+RLOO (--advantage rloo: TRL 1.16's RLOOTrainer, rloo_trainer.py; Ahmadian et al. 2024, "Back to Basics: Revisiting
+REINFORCE Style Optimization for Learning from Human Feedback in LLMs"):
+
+- rewards as above; with --kl-beta less beta x the completion's sum over its tokens of old - ref (k1 under the policy
+  that sampled it, no gradient: RLOOTrainer._generate_and_score_completions, "Include the KL penalty in the reward");
+- advantages (the same function): A_i = r_i - (nansum of its group - r_i) / (scorable in its group - 1), the
+  leave-one-out baseline; with --normalize-advantages (normalize_advantages) (A - nanmean A) / (nanstd A + 1e-4) over
+  the step; NaN (unscorable, or alone in its group) becomes 0;
+- the loss (RLOOTrainer._compute_loss): logps = the sum of the completion's token log-probabilities, coef_1 =
+  exp(logps - old_logps), -min(coef_1 A, clip(coef_1, 1 - eps, 1 + eps) A) per completion, their mean; no KL term.
+  anytrain reaches it as --importance sequence_sum --grpo-loss grpo, the defaults it settles for rloo: the "rloo
+  TRL defaults" case gives none of the objective's flags and checks those, --kl-beta 0.05 included. Other losses
+  with RLOO's advantage are GRPOTrainer's formula above with RLOO's advantage (and its KL still in the reward).
+
+Each case also checks a control where it names one: the formula with that setting changed (GRPO's advantage, no
+normalisation, no KL, GSPO's mean ratio) is far off, so the case tells the setting apart.
+
+At the first step the reference is the policy, so the KL term and its gradient vanish (RLOO's KL in the reward
+too): the KL cases check the second step (its rollout sampled by, and its gradient taken at, the weights after the
+first; the reference the starting model). Each case failed before issue 46's fixes where it says so in the guide's
+Conformance section.
 
 Model: the tests' Llama with a ChatML template, made to stop early now and then (completions of different lengths tell
-the three normalisations apart); 2 prompts x 4 completions of up to 6 tokens a step.
+the three normalisations apart); 2 prompts x 4 completions (2 in the G=2 cases) of up to 6 tokens a step.
 """
 
 from __future__ import annotations
@@ -33,11 +53,13 @@ import random
 
 import pytest
 import torch
+import yaml
 from hfchecks import in_process
 from hfmodels import tiny_llama
 from sgd import LR, TOLERANCE, float64_model, gradients, relative_difference, sgd_flags, token_logps, weights
 from textdata import write_jsonl
 
+from anytrain.tasks.grpo.options import RLOO_DEFAULTS
 from anytrain.tasks.grpo.task import GroupRelative
 
 transformers = pytest.importorskip("transformers")
@@ -102,19 +124,29 @@ def stopping_llama(folder):
 def case(**given) -> dict:
     """A case's settings: TRL's defaults, as anytrain's flags default, unless given."""
     return {"loss": "dapo", "scale": "group", "importance": "token", "beta": 0.0, "temperature": 1.0,
-            "rewards": {"length": 1.0}, "accum": 1, "steps": 1, "kl_correction": True, **given}  # fmt: skip
+            "rewards": {"length": 1.0}, "accum": 1, "steps": 1, "kl_correction": True, "advantage": "grpo",
+            "normalize": False, "G": G, "defaults": False, **given}  # fmt: skip
+
+
+def rloo_case(**given) -> dict:
+    """An RLOO case: TRL RLOOConfig's defaults (no scaling, normalize_advantages off, RLOOTrainer's loss), unless
+    given; beta 0 (at the first step the KL in the reward is 0: the KL cases check the second)."""
+    return case(**{"advantage": "rloo", "loss": "grpo", "scale": "none", "importance": "sequence_sum", **given})
 
 
 def flags(folders, c: dict) -> list[str]:
+    objective = [
+        "--grpo-loss", c["loss"], "--scale-rewards", c["scale"], "--importance", c["importance"],
+        "--kl-beta", str(c["beta"]), "--kl-bias-correction" if c["kl_correction"] else "--no-kl-bias-correction",
+    ]  # fmt: skip
     return [
         "--task", "grpo", "--model", f"hf:{folders['model']}", "--dataset", str(folders["data"]),
         "--reward", *(f"{folders['rewards']}:{name}" for name in c["rewards"]),
-        "--reward-weights", *map(str, c["rewards"].values()), "--num-generations", str(G),
-        "--max-new-tokens", str(NEW), "--batch-size", str(PROMPTS),
-        "--grad-accum-steps", str(c["accum"]), "--grpo-loss", c["loss"], "--scale-rewards", c["scale"],
-        "--importance", c["importance"], "--kl-beta", str(c["beta"]), "--temperature", str(c["temperature"]),
-        "--epsilon", str(EPS), "--seed", "5", *sgd_flags(steps=c["steps"]),
-        "--kl-bias-correction" if c["kl_correction"] else "--no-kl-bias-correction",
+        "--reward-weights", *map(str, c["rewards"].values()), "--num-generations", str(c["G"]),
+        "--max-new-tokens", str(NEW), "--batch-size", str(PROMPTS), "--grad-accum-steps", str(c["accum"]),
+        "--temperature", str(c["temperature"]), "--epsilon", str(EPS), "--seed", "5", *sgd_flags(steps=c["steps"]),
+        *([] if c["defaults"] else objective), *(["--advantage", "rloo"] if c["advantage"] == "rloo" else []),
+        *(["--normalize-advantages"] if c["normalize"] else []),
     ]  # fmt: skip
 
 
@@ -184,25 +216,79 @@ def nanstd(x: torch.Tensor, dim=None) -> torch.Tensor:
     return ((x - mean) ** 2).nansum(dim).div(count - 1).sqrt()
 
 
-def advantages(r: torch.Tensor, scale: str) -> torch.Tensor:
-    groups = r.view(-1, G)
+def advantages(r: torch.Tensor, scale: str, g: int = G) -> torch.Tensor:
+    groups = r.view(-1, g)
     centred = (groups - groups.nanmean(1, keepdim=True)).view(-1)
     if scale == "group":
-        centred = centred / (nanstd(groups, 1).repeat_interleave(G) + 1e-4)
+        centred = centred / (nanstd(groups, 1).repeat_interleave(g) + 1e-4)
     elif scale == "batch":
         centred = centred / (nanstd(r) + 1e-4)
     return centred.nan_to_num(0.0)
 
 
+def rloo_advantages(r: torch.Tensor, c: dict) -> torch.Tensor:
+    """RLOOTrainer._generate_and_score_completions: the leave-one-out baseline over the group's scorable rewards
+    ((nansum - r) / (scorable - 1): NaN for a completion alone in its group), normalize_advantages over the step;
+    NaN -> 0. RLOOTrainer scales by no standard deviation: a case with --scale-rewards is no RLOO formula."""
+    assert c["scale"] == "none"
+    grouped = r.view(-1, c["G"])
+    scorable = (~grouped.isnan()).sum(1, keepdim=True)
+    baselines = (torch.nansum(grouped, 1, keepdim=True) - grouped) / (scorable - 1)
+    a = r - baselines.view(-1)
+    if c["normalize"]:
+        a = (a - a.nanmean()) / (nanstd(a) + 1e-4)
+    return a.nan_to_num(0.0)
+
+
+def rloo_kl(model, reference, pieces, c: dict) -> torch.Tensor:
+    """(n,) each completion's sum over its tokens of log pi_old - log pi_ref (RLOOTrainer's per_token_kl: the first
+    order log-ratio, under the policy that sampled, without gradient)."""
+    out = []
+    with torch.no_grad():
+        for prompt, completion in pieces:
+            old = token_logps(model, prompt + completion, c["temperature"])[len(prompt) - 1 :]
+            ref = token_logps(reference, prompt + completion, c["temperature"])[len(prompt) - 1 :]
+            out.append((old - ref).sum())
+    return torch.stack(out)
+
+
+def step_advantages(model, reference, pieces, r: torch.Tensor, c: dict) -> torch.Tensor:
+    """The case's advantages: GRPOTrainer's, or RLOOTrainer's of the rewards less beta x the KL."""
+    if c["advantage"] == "grpo":
+        return advantages(r, c["scale"], c["G"])
+    return rloo_advantages(r - c["beta"] * rloo_kl(model, reference, pieces, c) if c["beta"] else r, c)
+
+
+def rloo_loss(model, pieces, adv: torch.Tensor, c: dict) -> torch.Tensor:
+    """RLOOTrainer._compute_loss: one ratio per completion, of its summed log-probabilities (old_logps = logps
+    detached: one step per rollout), clipped; the mean over the completions; no KL term (it is in the reward)."""
+    losses = []
+    for (prompt, completion), a in zip(pieces, adv):
+        logps = token_logps(model, prompt + completion, c["temperature"])[len(prompt) - 1 :].sum()
+        coef_1 = (logps - logps.detach()).exp()
+        coef_2 = coef_1.clamp(1 - EPS, 1 + EPS)
+        losses.append(-torch.min(coef_1 * a, coef_2 * a))
+    return torch.stack(losses).mean()
+
+
+def step_loss(model, reference, pieces, adv: torch.Tensor, c: dict) -> torch.Tensor:
+    """RLOOTrainer's loss for RLOO's settings of it, else GRPOTrainer's (with RLOO's advantage: no KL term)."""
+    if c["advantage"] == "rloo" and (c["loss"], c["importance"]) == ("grpo", "sequence_sum"):
+        return rloo_loss(model, pieces, adv, c)
+    return grpo_loss(model, reference, pieces, adv, c)
+
+
 def grpo_loss(model, reference, pieces, adv: torch.Tensor, c: dict) -> torch.Tensor:
-    """TRL's _compute_loss over the step's completions (old = logp detached: one step per rollout)."""
+    """TRL's _compute_loss over the step's completions (old = logp detached: one step per rollout); --importance
+    sequence_sum (anytrain's, after RLOOTrainer): exp of the completion's summed log-ratio."""
     losses, counts = [], []
     for (prompt, completion), a in zip(pieces, adv):
         logp = token_logps(model, prompt + completion, c["temperature"])[len(prompt) - 1 :]
         log_w = logp - logp.detach()
-        coef_1 = (log_w.mean() if c["importance"] == "sequence" else log_w).exp()
+        level = {"token": log_w, "sequence": log_w.mean(), "sequence_sum": log_w.sum()}
+        coef_1 = level[c["importance"]].exp()
         per_token = -torch.min(coef_1 * a, coef_1.clamp(1 - EPS, 1 + EPS) * a).expand_as(logp)
-        if c["beta"]:
+        if c["beta"] and c["advantage"] == "grpo":
             with torch.no_grad():
                 ref = token_logps(reference, prompt + completion, c["temperature"])[len(prompt) - 1 :]
             k3 = (ref - logp).exp() - (ref - logp) - 1  # TRL before 1.16: k3 alone (--no-kl-bias-correction)
@@ -218,6 +304,7 @@ def grpo_loss(model, reference, pieces, adv: torch.Tensor, c: dict) -> torch.Ten
 # --------------------------------------------------------------------------- the cases
 
 
+UNSCORABLE = {"odd_none": 1.0, "second_none": 0.5}  # every function None for the second of each 4 completions
 CASES = [
     pytest.param(case(), id="dapo"),
     pytest.param(case(loss="grpo"), id="grpo"),
@@ -235,6 +322,16 @@ CASES = [
     pytest.param(case(beta=0.1, steps=2), id="kl second step"),
     pytest.param(case(beta=0.1, steps=2, importance="sequence"), id="kl second step sequence"),
     pytest.param(case(beta=0.1, steps=2, kl_correction=False), id="kl second step uncorrected"),
+    pytest.param(case(importance="sequence_sum", control={"importance": "sequence"}), id="sequence_sum"),
+    pytest.param(rloo_case(control={"advantage": "grpo"}), id="rloo"),
+    pytest.param(rloo_case(normalize=True, control={"normalize": False}), id="rloo normalised"),
+    pytest.param(rloo_case(rewards=UNSCORABLE, control={"advantage": "grpo"}), id="rloo None from every function"),
+    pytest.param(rloo_case(G=2, control={"advantage": "grpo"}), id="rloo G=2"),
+    pytest.param(rloo_case(G=2, rewards=UNSCORABLE, control={"advantage": "grpo"}), id="rloo G=2 one alone"),
+    pytest.param(rloo_case(accum=2, control={"advantage": "grpo"}), id="rloo accumulated"),
+    pytest.param(rloo_case(loss="dapo", importance="token", control={"advantage": "grpo"}), id="rloo grpo's loss"),
+    pytest.param(rloo_case(beta=0.1, steps=2, control={"beta": 0.0}), id="rloo kl second step"),
+    pytest.param(rloo_case(beta=0.05, steps=2, defaults=True, control={"beta": 0.0}), id="rloo TRL defaults"),
 ]
 
 
@@ -248,9 +345,19 @@ def policy(folders, before: dict, first: bool) -> torch.nn.Module:
     return model
 
 
-def difference(model, reference, pieces, adv, c: dict, end: dict) -> float:
+def difference(model, reference, pieces, r: torch.Tensor, c: dict, end: dict) -> float:
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return relative_difference(start, end, gradients(model, grpo_loss(model, reference, pieces, adv, c)), LR)
+    adv = step_advantages(model, reference, pieces, r, c)
+    return relative_difference(start, end, gradients(model, step_loss(model, reference, pieces, adv, c)), LR)
+
+
+def controls(c: dict) -> list[dict]:
+    """The formulas the step must be far from: the case's own control, and at the first step another normalisation
+    (the completions have several lengths)."""
+    out = [{**c, **c["control"]}] if "control" in c else []
+    if c["steps"] == 1:
+        out.append({**c, "loss": "dapo" if c["loss"] == "grpo" else "grpo"})
+    return out
 
 
 @pytest.mark.parametrize("c", CASES)
@@ -262,14 +369,19 @@ def test_an_sgd_step_is_the_gradient_of_trls_grpo_loss(folders, tmp_path, monkey
     reference = float64_model(folders["model"]).requires_grad_(False) if c["beta"] else None
     pieces = completions(tokenizer, rollout)
     r = rewards(folders, tokenizer, pieces, c)
-    adv = advantages(r, c["scale"])
-    assert len(pieces) == PROMPTS * G and adv.abs().max() > 0.1, adv  # a step with something to learn
+    adv = step_advantages(model, reference, pieces, r, c)
+    assert len(pieces) == PROMPTS * c["G"] and adv.abs().max() > 0.1, adv  # a step with something to learn
     assert r.isnan().any() == ("second_none" in c["rewards"])  # the unscorable completions of that case, only
     end = weights(tmp_path / "run" / "hf")
-    diff = difference(model, reference, pieces, adv, c, end)
+    diff = difference(model, reference, pieces, r, c, end)
     print(f"grpo {c}: rewards {r.tolist()}, relative difference {diff:.2e}")
-    if c["steps"] == 1:  # the control: completions of several lengths, so another normalisation is far off
+    if c["steps"] == 1:
         assert len({len(completion) for _, completion in pieces}) > 1
-        other = {**c, "loss": "dapo" if c["loss"] == "grpo" else "grpo"}
-        assert difference(model, reference, pieces, adv, other, end) > 100 * TOLERANCE
+    for other in controls(c):
+        far = difference(model, reference, pieces, r, other, end)
+        print(f"control {other.get('control')}: relative difference {far:.2e}")
+        assert far > 100 * TOLERANCE
+    if c["defaults"]:  # the objective's options not given: settled to RLOOTrainer's defaults
+        settled = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["grpo"]
+        assert {k: settled[k] for k in RLOO_DEFAULTS} == RLOO_DEFAULTS
     assert diff < TOLERANCE

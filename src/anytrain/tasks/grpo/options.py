@@ -9,7 +9,11 @@ from ...config import POSITIVE, option
 
 NORMALISATIONS = ("dapo", "grpo", "dr_grpo")  # tasks/grpo/loss.py
 SCALES = ("group", "batch", "none")
-IMPORTANCE = ("token", "sequence")
+IMPORTANCE = ("token", "sequence", "sequence_sum")
+ADVANTAGES = ("grpo", "rloo")
+# --advantage rloo: TRL 1.16's RLOOConfig defaults for the options not given (GroupRelative.settle): the completion's
+# probability ratio, one loss per completion averaged over completions, no reward scaling, beta 0.05
+RLOO_DEFAULTS = {"importance": "sequence_sum", "grpo_loss": "grpo", "scale_rewards": "none", "kl_beta": 0.05}
 
 
 @dataclass(frozen=True)
@@ -40,30 +44,53 @@ class GRPOOptions:
     grpo_loss: str = option(
         "dapo",
         "grpo: how the per-token losses are averaged: dapo (over every completion token of the optimizer step: a "
-        "long completion counts per token), grpo (each completion's mean, then over completions), dr_grpo (their "
-        "sum over completions x --max-new-tokens: no length normalisation)",
+        "long completion counts per token), grpo (each completion's mean, then over completions; --advantage rloo's "
+        "default: with --importance sequence_sum a completion's loss is one value, so this is RLOOTrainer's mean "
+        "over completions), dr_grpo (their sum over completions x --max-new-tokens: no length normalisation)",
         choices=NORMALISATIONS,
+    )
+    advantage: str = option(
+        "grpo",
+        "grpo: each completion's advantage: its reward minus its group's mean (grpo), or minus the mean of the "
+        "other G - 1 rewards of its group, the leave-one-out baseline (rloo: TRL 1.16's RLOOTrainer; Ahmadian et "
+        "al. 2024). rloo takes RLOOTrainer's defaults for the options not given: --importance sequence_sum, "
+        "--grpo-loss grpo, --scale-rewards none, --kl-beta 0.05; and its KL is RLOO's, in the reward, not the "
+        "loss (--kl-beta)",
+        choices=ADVANTAGES,
     )
     scale_rewards: str = option(
         "group",
-        "grpo: the advantage is the reward minus its group's mean, divided by the group's standard deviation "
-        "(group), the whole step's (batch), or not divided (none: Dr. GRPO)",
+        "grpo: the advantage (--advantage: the reward minus its group's mean, or the leave-one-out baseline) "
+        "divided by the group's standard deviation of rewards (group), the whole step's (batch), or not divided "
+        "(none: Dr. GRPO; --advantage rloo's default, as RLOOTrainer scales none)",
         choices=SCALES,
     )
+    normalize_advantages: bool = option(
+        False,
+        "grpo: after --scale-rewards, the step's advantages (every process's, unscorable ones left out) minus their "
+        "mean, over their standard deviation + 1e-4 (TRL RLOOTrainer's normalize_advantages, off there too)",
+    )
     importance: str = option(
-        "token", "grpo: the importance ratio per token (GRPO), or per completion (sequence: GSPO)", choices=IMPORTANCE
+        "token",
+        "grpo: the importance ratio per token (GRPO), per completion as exp of its tokens' mean log-ratio "
+        "(sequence: GSPO), or of their sum, the completion's probability ratio (sequence_sum: RLOOTrainer's; "
+        "--advantage rloo's default)",
+        choices=IMPORTANCE,
     )
     kl_beta: float = option(
         0.0,
-        "grpo: the weight of the KL term to the reference (TRL's beta; 0: none, no reference). The reference: the "
-        "model with its adapter off (--lora-r), else a frozen copy of the starting model",
+        "grpo: the weight of the KL to the reference (TRL's beta; 0: none, no reference). The reference: the "
+        "model with its adapter off (--lora-r), else a frozen copy of the starting model. With --advantage grpo a "
+        "term of the loss (k3, see --kl-bias-correction); with rloo (default 0.05 there, RLOOTrainer's) RLOO's "
+        "placement: beta x the completion's summed log pi_old - log pi_ref over its tokens (k1, pi_old the policy "
+        "that sampled it) is taken from its reward before the advantage, and the loss has no KL term",
         bounds="[0, inf)",
     )
     kl_bias_correction: bool = option(
         True,
         "grpo: the KL term multiplied by the importance ratio, so that its gradient is the unbiased reverse-KL "
         "gradient (TRL 1.16's default, use_bias_correction_kl; DeepSeek-V3.2); --no-kl-bias-correction: the k3 "
-        "estimate alone (TRL before 1.16)",
+        "estimate alone (TRL before 1.16). --advantage grpo's KL term only (rloo's KL is in the reward)",
     )
     grpo_iterations: int = option(
         1, "grpo: optimizer steps on each rollout (TRL's num_iterations, mu)", bounds=POSITIVE

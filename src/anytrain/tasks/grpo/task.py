@@ -1,10 +1,10 @@
-"""grpo: online reinforcement learning with verifiable rewards (GRPO and its variants: Dr. GRPO, DAPO, GSPO) for a
-transformers causal LM. Each optimizer step, every process answers its --batch-size prompts --num-generations
-times (tasks/causal_lm/generation.py: the model's own generate, reproducible sampling), scores every completion with the
---reward functions (tasks/grpo/rewards.py), turns the rewards into advantages within each prompt's group, and
-trains on the completions' tokens with the clipped importance ratio (tasks/grpo/loss.py), in --grad-accum-steps
-micro-batches, for --grpo-iterations steps per rollout. The loop is the one every task trains through: this
-task's step (`train_step`) is what differs.
+"""grpo: online reinforcement learning with verifiable rewards (GRPO and its variants: Dr. GRPO, DAPO, GSPO; RLOO with
+--advantage rloo) for a transformers causal LM. Each optimizer step, every process answers its --batch-size prompts
+--num-generations times (tasks/causal_lm/generation.py: the model's own generate, reproducible sampling), scores every
+completion with the --reward functions (tasks/grpo/rewards.py), turns the rewards into advantages within each
+prompt's group (its mean, or RLOO's leave-one-out baseline), and trains on the completions' tokens with the clipped
+importance ratio (tasks/grpo/loss.py), in --grad-accum-steps micro-batches, for --grpo-iterations steps per rollout.
+The loop is the one every task trains through: this task's step (`train_step`) is what differs.
 
 Validation and test: each held-out prompt answered once by sampling (its own key, the run's temperature) and once
 greedily; `reward` and `greedy_reward` are their mean rewards. There is no evaluation loss (goals name none): the
@@ -39,7 +39,7 @@ from . import loss as objective
 from .completions import CompletionsTable, taken
 from .environment import environment_reward, load_environment, made, methods
 from .figures import Figures, reserved
-from .options import GRPOOptions
+from .options import RLOO_DEFAULTS, GRPOOptions
 from .prompts import PROMPT, RolloutSlots, Slot, is_prompts, load_prompts
 from .rewards import RewardCall, TrainerState, load_rewards, scores, total
 from .turns import Conversation, Toolkit, converse, counts
@@ -81,11 +81,23 @@ class GroupRelative(HFCausalLM):
         return "auto: a prompt column without answers (prompts the model answers, scored by --reward)"
 
     @classmethod
+    def settle(cls, cfg: TrainConfig) -> tuple[TrainConfig, tuple[str, ...]]:
+        """With --advantage rloo, the options not given take TRL's RLOOTrainer defaults (RLOO_DEFAULTS)."""
+        cfg, notes = super().settle(cfg)
+        fitted = {k: v for k, v in RLOO_DEFAULTS.items() if k not in cfg.given}
+        if cfg.section(cls.name).advantage != "rloo" or not fitted:
+            return cfg, notes
+        said = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in fitted.items())
+        return cfg.replace(**fitted), (*notes, f"--advantage rloo: {said} (TRL's RLOOTrainer defaults)")
+
+    @classmethod
     def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
         o = cfg.section(cls.name)
         load_tools(o.tools)  # each tool, function and environment found and checked before any data is read
         owned = environment_reward(load_environment(o.environment)) if o.environment else None
         load_rewards(o.reward, o.reward_weights, owned)
+        if o.advantage == "rloo" and not o.kl_bias_correction:
+            raise ConfigError("--no-kl-bias-correction: with --advantage rloo the KL is in the reward, not the loss")
         if cfg.optim.batch_size * o.num_generations < cfg.optim.grad_accum_steps:
             raise ConfigError(
                 f"--grad-accum-steps {cfg.optim.grad_accum_steps}: more micro-batches than the step's "
@@ -172,8 +184,9 @@ class GroupRelative(HFCausalLM):
         ctx.accelerator.print(
             f"anytrain: grpo: {self.o.num_generations} completions per prompt, {self.cfg.optim.batch_size} prompts per "
             f"process and step, {self.o.grpo_iterations} step(s) per rollout; loss {self.o.grpo_loss}, advantages "
-            f"scaled by {self.o.scale_rewards}, ratio per {self.o.importance}, KL weight {self.o.kl_beta:g}; "
-            f"rewards: {names}"
+            f"{self.o.advantage} scaled by {self.o.scale_rewards}{', normalised' * self.o.normalize_advantages}, "
+            f"ratio per {self.o.importance}, KL weight {self.o.kl_beta:g}"
+            f"{' (in the reward)' * (self.o.advantage == 'rloo')}; rewards: {names}"
         )
         self.figures.start()
         self.table.start(ctx.run_dir, ctx.accelerator.is_main_process)
@@ -199,7 +212,7 @@ class GroupRelative(HFCausalLM):
     def settings(self) -> dict:
         o = self.o
         return {"importance": o.importance, "epsilon": o.epsilon, "epsilon_high": o.epsilon_high, "kl_beta": o.kl_beta,
-                "kl_bias_correction": o.kl_bias_correction}  # fmt: skip
+                "kl_bias_correction": o.kl_bias_correction, "advantage": o.advantage}  # fmt: skip
 
     def roll_out(self, ctx: RunContext, slot: Slot) -> Rollout:
         """Generate, score, advantages, the step's count; the old and reference log-probabilities where needed."""
@@ -212,15 +225,15 @@ class GroupRelative(HFCausalLM):
         call = self.reward_call(self.trainer_state(ctx.step))
         table, args = self.score(done, slot.rows, "train", call=call, talks=talks)
         reward = total(table, self.rewards).to(accelerator.device)  # NaN: unscorable
-        every = accelerator.gather(reward)
-        batch_std = objective.nanstd(every) if self.o.scale_rewards == "batch" else None
-        advantage = objective.advantages(reward, self.o.num_generations, self.o.scale_rewards, batch_std)
         keep = objective.counted(done.completion, done.truncated, self.o.mask_truncated)
+        kl_in_reward = self.o.advantage == "rloo" and self.o.kl_beta > 0
+        with torch.no_grad(), accelerator.autocast():
+            old = self.rollout_logps(model, done) if self.o.grpo_iterations > 1 or kl_in_reward else None
+            ref = self.reference_logps(model, done) if self.o.kl_beta > 0 else None
+        advantage = self.advantages(accelerator, reward, keep, old, ref)
+        old = old if self.o.grpo_iterations > 1 else None  # one step per rollout: the policy itself, detached
         count = accelerator.reduce(objective.step_count(keep, self.o.grpo_loss, self.o.max_new_tokens), "sum")
         share = count.item() / (accelerator.num_processes * self.cfg.optim.grad_accum_steps) or 1.0
-        with torch.no_grad(), accelerator.autocast():
-            old = self.rollout_logps(model, done) if self.o.grpo_iterations > 1 else None
-            ref = self.reference_logps(model, done) if self.o.kl_beta > 0 else None
         names = [r.name for r in self.rewards]
         self.figures.add_rollout(
             accelerator, table.to(accelerator.device), reward, done, self.o.num_generations, names, call.metrics
@@ -230,6 +243,16 @@ class GroupRelative(HFCausalLM):
             self.figures.add_tools(accelerator, counts(talks), len(talks))
         self.figures.generating += time.perf_counter() - started
         return Rollout(done, advantage, keep, old, ref, share)
+
+    def advantages(self, accelerator, reward: torch.Tensor, keep: torch.Tensor, old, ref) -> torch.Tensor:
+        """The rollout's advantages (tasks/grpo/loss.py); with rloo and --kl-beta, of its rewards less beta x each
+        completion's summed log pi_old - log pi_ref (RLOOTrainer: the KL in the reward, under the sampling policy)."""
+        o = self.o
+        if o.advantage == "rloo" and ref is not None:
+            reward = reward - o.kl_beta * ((old - ref) * keep).sum(1).double()
+        batch_std = objective.nanstd(accelerator.gather(reward)) if o.scale_rewards == "batch" else None
+        normalise = accelerator.gather if o.normalize_advantages else None
+        return objective.advantages(reward, o.num_generations, o.scale_rewards, batch_std, o.advantage, normalise)
 
     def rollout_logps(self, model: nn.Module, done: Completions) -> torch.Tensor:
         """The rollout's per-token log-probabilities under `model` (no gradients), a micro-batch of completions at a
@@ -418,6 +441,7 @@ class GroupRelative(HFCausalLM):
             **super().describe_data(model),
             "num_generations": o.num_generations,
             "grpo_loss": o.grpo_loss,
+            "advantage": o.advantage,
             **rewards,
         }
 
