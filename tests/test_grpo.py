@@ -150,6 +150,18 @@ def test_a_completion_is_a_function_of_its_key_not_of_its_batch(folders, model):
     )
 
 
+def test_generating_in_pieces_gives_the_same_completions_and_rows(folders, model):
+    prompts = prompts_of(folders, 4)  # of uneven lengths: each piece is padded to its own widest
+    keys = completion_keys(3, 0, 0, torch.arange(4), 2)
+    doubled = [p for p in prompts for _ in range(2)]
+    whole = generate(model, doubled, keys, settings(folders))
+    pieces = generate(model, doubled, keys, settings(folders), chunk=3)  # --generate-batch 3: pieces of 3, 3, 2
+    assert pieces.completion_ids() == whole.completion_ids()
+    for name in ("ids", "mask", "positions", "completion", "truncated"):
+        assert torch.equal(getattr(pieces, name), getattr(whole, name)), name
+    assert pieces.width == whole.width
+
+
 def test_gumbel_noise_samples_the_tempered_softmax_within_the_nucleus():
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
     keys = torch.arange(40_000)

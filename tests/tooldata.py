@@ -99,8 +99,8 @@ def scripted(monkeypatch, tokenizer) -> list[dict]:
     real, seen = turns.generate, []
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
-    def generate(model, prompts, keys, sampling):
-        done = real(model, prompts, keys, sampling)
+    def generate(model, prompts, keys, sampling, chunk=0):
+        done = real(model, prompts, keys, sampling, chunk)
         for k, prompt in enumerate(prompts):
             text = tokenizer.decode(prompt)
             if "</tool_response>" in text.rsplit("<|im_start|>user", 1)[-1]:

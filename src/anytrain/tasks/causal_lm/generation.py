@@ -175,9 +175,17 @@ def generating_model(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def generate(model: nn.Module, prompts: list[list[int]], keys: torch.Tensor | None, sampling: Sampling) -> Completions:
+def generate(
+    model: nn.Module, prompts: list[list[int]], keys: torch.Tensor | None, sampling: Sampling, chunk: int = 0
+) -> Completions:
     """Each prompt's completion (keys: one per prompt, sampled; None: greedy) under a complete config: the model's
-    generation config is set aside for the call, so none of its fields fill what this one leaves unset."""
+    generation config is set aside for the call, so none of its fields fill what this one leaves unset. `chunk`: so
+    many prompts generated at a time (0: all), the pieces joined: the same completions (each one's noise is its
+    key's), the memory of a piece's key-value cache and logits."""
+    if 0 < chunk < len(prompts):
+        starts = range(0, len(prompts), chunk)
+        return joined([generate(model, prompts[i : i + chunk], None if keys is None else keys[i : i + chunk],
+                                sampling) for i in starts], sampling.pad)  # fmt: skip
     from transformers import GenerationConfig, LogitsProcessorList
 
     ids, mask = left_padded(prompts, sampling.pad)
@@ -217,3 +225,16 @@ def read_back(out: torch.Tensor, prompt_mask: torch.Tensor, width: int, sampling
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     ids = torch.cat([out[:, :width], new.masked_fill(~completion, sampling.pad)], 1)
     return Completions(ids, mask, positions, completion, truncated, width)
+
+
+def joined(pieces: list[Completions], pad: int) -> Completions:
+    """Completions of several generate calls as one: each piece's prompts padded on the left to the widest."""
+    width = max(p.width for p in pieces)
+
+    def left(t: torch.Tensor, p: Completions, fill: int) -> torch.Tensor:
+        return torch.cat([torch.full((len(t), width - p.width), fill, dtype=t.dtype, device=t.device), t], 1)
+
+    ids = torch.cat([left(p.ids, p, pad) for p in pieces])
+    mask = torch.cat([left(p.mask, p, 0) for p in pieces])
+    completion, truncated = torch.cat([p.completion for p in pieces]), torch.cat([p.truncated for p in pieces])
+    return Completions(ids, mask, (mask.cumsum(1) - 1).clamp(min=0), completion, truncated, width)

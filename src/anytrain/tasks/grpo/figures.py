@@ -4,20 +4,24 @@ and where its time goes. Per rollout, over every process: each reward function's
 of groups that give no signal (their scorable rewards all equal, or none scorable), completion length (mean,
 longest, share cut at --max-new-tokens). Per micro-batch, summed over processes when a line is written: the share
 of completion tokens whose ratio was clipped (below, above), the KL to the reference (--kl-beta), and the share of
-the time since the last line spent generating. And what the reward functions logged with log_metric, each under
+the time since the last line spent on rollouts (`generating`), and its parts (`time_generate`: the model's generate,
+`time_tools`: the tools' calls, `time_rewards`: the reward functions, `time_logps`: the old and reference
+log-probabilities, each a share of the line's time). And what the reward functions logged with log_metric, each under
 its own name: the mean of each rollout's mean over its calls on every process (as TRL), over the line's rollouts."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
 import torch
 
 TOOLS = ("tool_calls", "tool_failures", "turns", "called_tools", "malformed_turns")
+PHASES = ("generate", "tools", "rewards", "logps")  # where a rollout's time goes: time_PHASE, shares of the line's
 LOOP_KEYS = ("kind", "split", "step", "epoch", "loss", "lr", "samples_per_s", "tokens_per_s", "skipped_steps")
 OWN = ("reward", "reward_std", "flat_groups", "completion_length", "completion_length_max", "truncated",
-       "clipped_low", "clipped_high", "kl", "generating", *TOOLS)  # fmt: skip
+       "clipped_low", "clipped_high", "kl", "generating", *TOOLS, *(f"time_{p}" for p in PHASES))  # fmt: skip
 
 
 def reserved(names: list[str]) -> frozenset[str]:
@@ -31,11 +35,22 @@ class Figures:
         self.longest = 0.0
         self.step = torch.zeros(4, dtype=torch.float64)  # this process's clipped low, high, KL, tokens
         self.generating, self.since, self.names = 0.0, time.perf_counter(), [""]
+        self.phases = dict.fromkeys(PHASES, 0.0)  # seconds since the last line
         self.logged: list[dict[str, tuple[float, int]]] = []  # per rollout: this process's log_metric sums, counts
         self.tools: torch.Tensor | None = None  # with tools: calls, failures, turns, callers, malformed, completions
 
     def start(self) -> None:
         self.generating, self.since = 0.0, time.perf_counter()
+        self.phases = dict.fromkeys(PHASES, 0.0)
+
+    @contextlib.contextmanager
+    def timed(self, phase: str):
+        """The time of the block, added to the phase's."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] += time.perf_counter() - started
 
     def add_rollout(
         self, accelerator, table: torch.Tensor, reward: torch.Tensor, done, generations: int, names, logged: dict
@@ -104,6 +119,7 @@ class Figures:
             out["kl"] = _mean(step[2], step[3])
         elapsed = time.perf_counter() - self.since
         out["generating"] = self.generating / elapsed if elapsed > 0 else None
+        out.update({f"time_{p}": seconds / elapsed if elapsed > 0 else None for p, seconds in self.phases.items()})
         out.update(self.logged_means(accelerator))
         out.update(self.tool_figures())
         self.rollout, self.longest, self.step = None, 0.0, torch.zeros(4, dtype=torch.float64)

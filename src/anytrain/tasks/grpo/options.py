@@ -120,3 +120,9 @@ class GRPOOptions:
     tool_timeout: float = option(
         10.0, "grpo: seconds a tool call may take; then the model is answered that it timed out", bounds=POSITIVE
     )
+    generate_batch: int = option(
+        0,
+        "grpo: completions generated together (0: a process's whole rollout at once); fewer bound generation's "
+        "memory (its key-value cache and logits) at some cost in speed; the completions are the same",
+        bounds="[0, inf)",
+    )

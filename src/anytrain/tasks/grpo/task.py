@@ -145,7 +145,8 @@ class GroupRelative(HFCausalLM):
         self.prompts = rows  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
         self.stops = stop_ids(self.tokenizer, model_eos(self.cfg, self.model_config), chats)
         if schemas:
-            self.kit = Toolkit(self.tokenizer, self.stops, positions, self.o.max_tool_calls, self.o.tool_timeout)
+            self.kit = Toolkit(self.tokenizer, self.stops, positions, self.o.max_tool_calls, self.o.tool_timeout,
+                               self.o.generate_batch)  # fmt: skip
         train = RolloutSlots(rows["train"], self.cfg, self.run.processes)
         self.steps_per_epoch = train.rollouts * self.o.grpo_iterations
         shape = DataShape(
@@ -220,14 +221,18 @@ class GroupRelative(HFCausalLM):
         model = accelerator.unwrap_model(ctx.model)
         rows = torch.tensor(slot.rows)
         keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS["train"], slot.epoch, rows, self.o.num_generations)
-        with accelerator.autocast():
+        with accelerator.autocast(), self.figures.timed("generate"):
             done, talks = self.complete(model, "train", slot.rows, self.o.num_generations, keys)
+        waited = sum(talk.waited for talk in talks or [])  # the tools' share of it
+        self.figures.phases["generate"] -= waited
+        self.figures.phases["tools"] += waited
         call = self.reward_call(self.trainer_state(ctx.step))
-        table, args = self.score(done, slot.rows, "train", call=call, talks=talks)
+        with self.figures.timed("rewards"):
+            table, args = self.score(done, slot.rows, "train", call=call, talks=talks)
         reward = total(table, self.rewards).to(accelerator.device)  # NaN: unscorable
         keep = objective.counted(done.completion, done.truncated, self.o.mask_truncated)
         kl_in_reward = self.o.advantage == "rloo" and self.o.kl_beta > 0
-        with torch.no_grad(), accelerator.autocast():
+        with torch.no_grad(), accelerator.autocast(), self.figures.timed("logps"):
             old = self.rollout_logps(model, done) if self.o.grpo_iterations > 1 or kl_in_reward else None
             ref = self.reference_logps(model, done) if self.o.kl_beta > 0 else None
         advantage = self.advantages(accelerator, reward, keep, old, ref)
@@ -278,7 +283,7 @@ class GroupRelative(HFCausalLM):
         as conversations (tasks/grpo/turns.py), which are returned too."""
         if self.kit is None:
             prompts = [self.prompts[split].ids[r] for r in rows for _ in range(per_row)]
-            return generate(model, prompts, keys, self.sampling()), None
+            return generate(model, prompts, keys, self.sampling(), self.o.generate_batch), None
         talks = [self.conversation(split, r) for r in rows for _ in range(per_row)]
         return converse(model, talks, keys, self.sampling(), self.kit), talks
 

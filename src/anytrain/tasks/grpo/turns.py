@@ -12,6 +12,7 @@ completion is the same on any rank, batch or resumed run as long as its tools an
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -31,6 +32,7 @@ class Toolkit:
     positions: int  # the model's
     max_calls: int
     timeout: float
+    chunk: int = 0  # completions generated together (--generate-batch; 0: all)
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Conversation:
     failed: int = 0
     turns: int = 0
     malformed: int = 0
+    waited: float = 0.0  # seconds in its tools
     truncated: bool = False
     open: bool = True
 
@@ -68,11 +71,12 @@ class Conversation:
         if not stopped or not calls or self.calls >= kit.max_calls or room < 1:
             self.open = False
             return
-        answers = []
+        answers, started = [], time.perf_counter()
         for call in calls:
             answer, failed = run_call(self.tools, call, kit.timeout)
             answers.append(answer)
             self.calls, self.failed = self.calls + 1, self.failed + failed
+        self.waited += time.perf_counter() - started
         suffix = tool_suffix(kit.tokenizer, answers, kit.stops, self.schemas)
         if len(self.prefix) + len(self.ids) + len(suffix) >= kit.positions:  # no room to answer: it ends here
             self.open = False
@@ -96,7 +100,7 @@ def converse(
                    for k in active]  # fmt: skip
         these = None if keys is None else turn_keys(keys[torch.tensor(active)], turn)
         done = generate(model, [talks[k].prefix + talks[k].ids for k in active], these,
-                        replace(sampling, max_new_tokens=max(budgets)))  # fmt: skip
+                        replace(sampling, max_new_tokens=max(budgets)), kit.chunk)  # fmt: skip
         for j, k in enumerate(active):
             ids = done.ids[j, done.width :][done.completion[j]].tolist()
             stopped = not bool(done.truncated[j]) and len(ids) <= budgets[j]
