@@ -301,12 +301,15 @@ def llama_config(tokenizer, width: int = 64, layers: int = 2, positions: int = P
     )
 
 
+TOOL_POSITIONS = 1024  # a tool chat's tools block alone is ~450 of the test tokenizer's tokens
+
+
 def tiny_llama(
     folder: Path, seed: int = 0, width: int = 64, layers: int = 2, chat: bool = True, tools: bool = False
 ) -> Path:
     """A Llama-style causal LM of about 100,000 parameters (at width 64), with the chat tokenizer (or, chat=False,
-    the same tokenizer without a chat template; tools=True, the tool tokenizer and 1,024 positions: a prompt with
-    the tools' schemas is long), as a hub checkpoint."""
+    the same tokenizer without a chat template; tools=True, the tool tokenizer and TOOL_POSITIONS positions), as a
+    hub checkpoint."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -314,6 +317,7 @@ def tiny_llama(
     if not chat:
         tokenizer.chat_template = None
     torch.manual_seed(seed)
-    LlamaForCausalLM(llama_config(tokenizer, width, layers, 1024 if tools else POSITIONS)).save_pretrained(folder)
+    config = llama_config(tokenizer, width, layers, TOOL_POSITIONS if tools else POSITIONS)
+    LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -382,6 +382,8 @@ def test_the_reward_rises_and_every_figure_is_said(learnt):
                 "clipped_low", "clipped_high", "generating"):  # fmt: skip
         assert key in train[-1], key
     assert 0 < train[-1]["generating"] < 1 and summary["num_generations"] == 8 and summary["rewards"] == ["ones"]
+    parts = [train[-1][f"time_{p}"] for p in ("generate", "tools", "rewards", "logps")]  # where a rollout's time goes
+    assert parts[0] > 0 and parts[1] == 0 and sum(parts) <= train[-1]["generating"] + 1e-9
 
 
 def test_evaluation_says_the_rewards_and_no_loss(learnt):
@@ -441,7 +443,8 @@ def test_the_start_up_check_runs_one_rollout_and_step_that_count_for_nothing(fol
     runs = [tmp_path / "checked", tmp_path / "unchecked"]
     assert max_abs_diff(*(load_model(run).state_dict() for run in runs)) == 0.0
     drop = ("seconds", "samples_per_s", "tokens_per_s", "generating", "mfu", "achieved_tflops", "elapsed")
-    rows = [[{k: v for k, v in m.items() if k not in drop} for m in read_metrics(run)] for run in runs]
+    rows = [[{k: v for k, v in m.items() if k not in drop and not k.startswith("time_")} for m in read_metrics(run)]
+            for run in runs]  # fmt: skip
     assert rows[0] == rows[1] and len(rows[0]) >= 2
     assert (runs[0] / "completions.jsonl").read_text() == (runs[1] / "completions.jsonl").read_text()
 

@@ -242,6 +242,7 @@ def test_a_run_with_tools_answers_counts_and_rewards_the_conversations(tool_run)
     assert figures["malformed_turns"] == pytest.approx(step.count("malformed") / (10 + calls))
     assert figures["reward_answered"] == pytest.approx(step.count("right") / 10)  # the tool's answer was in the chat
     assert summary["val_greedy_reward"] == 1.0  # greedy: the right call, answered
+    assert 0 < figures["time_tools"] < figures["time_generate"]  # the tools' time apart from the model's
     table = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
     calls = [k in ("right", "bad argument", "unknown") for k in step[: len(table)]]  # the table: the first rows
     assert ["[call " in r["completion"] for r in table] == calls, (step, [r["completion"][:30] for r in table])

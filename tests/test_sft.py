@@ -205,7 +205,7 @@ def test_bad_chats_are_one_line_and_write_nothing(folders, tmp_path, capsys):
     bot = [row["messages"] for row in good]
     bot[7] = [{"role": "user", "content": "hi"}, {"role": "bot", "content": "hello"}]
     err = run_cli_error(capsys, [*model, "--dataset", write_chats(tmp_path / "bot.jsonl", bot), *out])
-    assert "row 7 of the train split of" in err and "unknown role 'bot' (roles: system, user, assistant)" in err
+    assert "row 7 of the train split of" in err and "unknown role 'bot' (roles: system, user, assistant, tool)" in err
     silent = [row["messages"] for row in good]
     silent[3] = [{"role": "user", "content": "hi"}]
     err = run_cli_error(capsys, [*model, "--dataset", write_chats(tmp_path / "silent.jsonl", silent), *out])

@@ -3,6 +3,9 @@ The loss is on the answers' tokens only, the mean over every answer token of the
 batch (hf:lm's token weighting: the fused loss of lmhead.py with num_items_in_batch). Evaluation also generates
 each held-out conversation's last answer from the turns before it (greedy, through the causal-LM core's generate,
 stopping at the template's end-of-turn token): exact match of the stripped texts, and the first few in the log.
+Tool-calling chats are scored the same way: the prompt holds the row's tools block and the turns before
+the last answer (tool results included), and a last answer that calls tools is compared as the template renders it
+(its text and its calls, e.g. Qwen's `<tool_call>` blocks), so a hit is the same calls, arguments in the same order.
 `anytrain sample` puts the prompt in a user turn of the chat template and prints the reply."""
 
 from __future__ import annotations

@@ -1,15 +1,25 @@
 """Chats and instructions for a transformers causal LM (`--task sft`), in the two forms TRL reads:
 
-    messages            a list of {"role": system|user|assistant, "content": text} per row (the column's
+    messages            a list of {"role": system|user|assistant|tool, "content": text} per row (the column's
                         name: --text-column, default `messages`); rendered by the model's chat template
     prompt, completion  text (the completion follows the prompt, then the end-of-text token), or lists of
                         messages (the prompt's rendered with the template's generation prompt)
+    tools               (optional, with chats) the row's tools: a list of JSON schemas (transformers'
+                        `get_json_schema`), or that list as JSON text; the template renders them (`tools=`)
+
+Tool-calling chats, as TRL writes them: an assistant turn may call tools (`tool_calls`: [{"type": "function",
+"function": {"name": ..., "arguments": {...}}}], its content "" or absent) and a `tool` message brings a result
+back ({"role": "tool", "name": ..., "content": text}). Every rendering of such a row passes its tools, so the
+template's tools block is part of every prompt; a template that cannot render tools (causal_lm/tools.py) is refused
+in one line. The calls are the assistant's turn, so they are learned; a tool's result is context, never a target.
 
 The loss is on the assistant's (or the completion's) tokens only: a conversation is rendered once, each
 assistant turn's characters found by rendering the turns before it (with the generation prompt) and the
 turns through it, and a token is a target when it holds any character of such a span, so the turn's
 end-of-turn token is learned too (the model learns to stop), and so is a first token that straddles the span's
 start (a byte-level BPE's " word" after a prompt ending in a space). Every other token's target is -100.
+An assistant turn's span is everything the template renders for it after the generation prompt (its text, its
+rendered tool calls, its end of turn); tool messages, the tools block and the generation prompts lie outside.
 
 The training split is packed (--packing, data/packing.py: conversations whole into rows, long ones split)
 or truncated at --max-length; validation and test keep one conversation a row, truncated at --max-length,
@@ -17,6 +27,8 @@ so that evaluation can generate each one's last answer from what precedes it (ta
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import torch
@@ -27,8 +39,9 @@ from ...data.sources import carve_rows, opened
 from ...data.splits import Rows, Splits
 from ...shape import IGNORE, DataShape
 from ..causal_lm.prompts import check_messages, render
+from ..causal_lm.tools import check_renders_tools
 
-MESSAGES, PROMPT, COMPLETION = "messages", "prompt", "completion"
+MESSAGES, PROMPT, COMPLETION, TOOLS = "messages", "prompt", "completion", "tools"
 
 
 def chat_format(columns: list[str], features, text_column: str = "") -> str | None:
@@ -47,15 +60,16 @@ def chat_format(columns: list[str], features, text_column: str = "") -> str | No
 Piece = tuple[str, list[tuple[int, int]]]  # a text to train on and the character spans of its answers
 
 
-def chat_pieces(tokenizer, messages: list, learn_from: int, where: str) -> list[Piece]:
+def chat_pieces(tokenizer, messages: list, learn_from: int, where: str, tools: list | None = None) -> list[Piece]:
     """The conversation as the texts to train on, with the character spans of its assistant turns from index
     `learn_from` on: one text, the conversation rendered once, where the template renders every answer there as
     it does when the answer is the last turn; else (a template that rewrites earlier turns, such as one that
-    drops their reasoning) one text per answer: the turns through it, as the template renders them then."""
+    drops their reasoning) one text per answer: the turns through it, as the template renders them then. Every
+    rendering is given the row's `tools`."""
     try:
-        text = render(tokenizer, messages)
+        text = render(tokenizer, messages, tools=tools)
         turns = [k for k, turn in enumerate(messages) if turn["role"] == "assistant" and k >= learn_from]
-        alone = [answer_alone(tokenizer, messages, k, where) for k in turns]
+        alone = [answer_alone(tokenizer, messages, k, where, tools) for k in turns]
         spans = [span_in(tokenizer, text, through, start) for through, start in alone]
     except ConfigError:
         raise
@@ -66,10 +80,10 @@ def chat_pieces(tokenizer, messages: list, learn_from: int, where: str) -> list[
     return [(through, [(start, len(through))]) for through, start in alone]
 
 
-def answer_alone(tokenizer, messages: list, k: int, where: str) -> tuple[str, int]:
+def answer_alone(tokenizer, messages: list, k: int, where: str, tools: list | None = None) -> tuple[str, int]:
     """(the turns through answer k as the template renders them, where the answer starts): after the turns
-    before it rendered with the generation prompt."""
-    before, through = render(tokenizer, messages[:k], True), render(tokenizer, messages[: k + 1])
+    before it rendered with the generation prompt (both with the row's tools)."""
+    before, through = render(tokenizer, messages[:k], True, tools), render(tokenizer, messages[: k + 1], tools=tools)
     if not through.startswith(before):
         raise ConfigError(
             f"{where}: the model's chat template does not render turn {k} as a continuation of its generation "
@@ -96,36 +110,70 @@ def span_in(tokenizer, text: str, through: str, start: int) -> tuple[int, int] |
     return start, end
 
 
+def row_tools(row: dict, where: str) -> list | None:
+    """The row's tools (the `tools` column, as TRL's SFTTrainer reads it): a list of JSON schemas, or that list as
+    JSON text; None where it has none (no column, null, empty)."""
+    tools = row.get(TOOLS)
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools) if tools.strip() else None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{where}, column '{TOOLS}': not JSON ({first_line(e)})") from None
+    if not tools:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise ConfigError(
+            f"{where}, column '{TOOLS}': expected a list of JSON schemas (dicts, as transformers' get_json_schema "
+            f"makes them) or that list as JSON text, got {tools!r:.80}"
+        )
+    return tools
+
+
+def uses_tools(messages: list) -> bool:
+    """Whether a chat calls tools: a tool message, or an assistant turn with tool_calls."""
+    return any(turn["role"] == "tool" or turn.get("tool_calls") for turn in messages)
+
+
 class Renderer:
     """A split's rows -> the texts to train on with their learned character spans (chat_pieces), one format,
-    checked row by row; counts the answers, and the empty ones."""
+    checked row by row; counts the answers, and the empty ones; refuses a template that cannot render tools at the
+    first row that brings tools (module docstring)."""
 
     def __init__(self, form: str, column: str, tokenizer, source: str, split: str):
         self.form, self.column, self.tokenizer, self.source, self.split = form, column, tokenizer, source, split
-        self.answers = self.empty = 0
+        self.answers = self.empty = self.calls = 0  # answers, empty ones, ones that call tools
+        self.tools_checked = False  # whether the template was seen to render tools
 
     def __call__(self, row: dict, index: int) -> list[Piece]:
         where = f"--dataset: row {index} of the {self.split} split of {self.source}"
+        tools = row_tools(row, where)
         if self.form == MESSAGES:
-            check_messages(row[self.column], f"{where}, column '{self.column}'")
-            return self.chat(row[self.column], 0, where)
+            check_messages(row[self.column], f"{where}, column '{self.column}'", tools=True)
+            return self.chat(row[self.column], 0, where, tools)
         prompt, completion = row[PROMPT], row[COMPLETION]
         if isinstance(prompt, str) and isinstance(completion, str):
             if not prompt.strip() or not completion.strip():
                 raise ConfigError(f"{where}: an empty prompt or completion")
+            if tools:
+                raise ConfigError(f"{where}: tools (column '{TOOLS}') need chats, lists of messages: text is not "
+                                  "rendered by the chat template")  # fmt: skip
             self.answers += 1
             text = prompt + completion + (self.tokenizer.eos_token or "")
             return [(text, [(len(prompt), len(text))])]
         if isinstance(prompt, list) and isinstance(completion, list):
-            check_messages(prompt + completion, f"{where}, columns prompt + completion")
-            return self.chat(prompt + completion, len(prompt), where)
+            check_messages(prompt + completion, f"{where}, columns prompt + completion", tools=True)
+            return self.chat(prompt + completion, len(prompt), where, tools)
         raise ConfigError(f"{where}: prompt and completion must both be text or both be lists of messages")
 
-    def chat(self, messages: list, learn_from: int, where: str) -> list[Piece]:
-        answers = [t["content"] for t in messages[learn_from:] if t["role"] == "assistant"]
-        self.answers += len(answers)
-        self.empty += sum(not answer.strip() for answer in answers)
-        return chat_pieces(self.tokenizer, messages, learn_from, where)
+    def chat(self, messages: list, learn_from: int, where: str, tools: list | None) -> list[Piece]:
+        if not self.tools_checked and (tools or uses_tools(messages)):
+            check_renders_tools(self.tokenizer, f"{where}, " + (f"column '{TOOLS}'" if tools else "its tool calls"))
+            self.tools_checked = True
+        answers = [turn for turn in messages[learn_from:] if turn["role"] == "assistant"]
+        self.answers += len(answers)  # an answer that only calls tools is not empty
+        self.calls += sum(bool(turn.get("tool_calls")) for turn in answers)
+        self.empty += sum(not (turn.get("content") or "").strip() and not turn.get("tool_calls") for turn in answers)
+        return chat_pieces(self.tokenizer, messages, learn_from, where, tools)
 
 
 def tokenise(tokenizer, text: str, spans: list[tuple[int, int]], plain: bool) -> tuple[list[int], list[int]]:
@@ -158,13 +206,19 @@ def encode_split(ds, renderer: Renderer):
 
 
 def check_answers(renderers: list[Renderer], source: str) -> list[str]:
-    """Empty assistant answers teach only the end of a turn: counted, said at start, refused when all are."""
+    """Empty assistant answers teach only the end of a turn: counted, said at start, refused when all are. The
+    answers that call tools are said too."""
     answers, empty = sum(r.answers for r in renderers), sum(r.empty for r in renderers)
+    calls = sum(r.calls for r in renderers)
     if answers and empty == answers:
         raise ConfigError(f"--dataset: every assistant answer in {source} is empty: there is nothing to learn")
-    if not empty:
-        return []
-    return [f"{empty:,} of {answers:,} assistant answers in {source} are empty: only their end of turn is learned"]
+    notes = [f"{calls:,} of {answers:,} assistant answers in {source} call tools: the calls are learned as the chat "
+             "template renders them, the tools' results are not"] if calls else []  # fmt: skip
+    if empty:
+        notes.append(
+            f"{empty:,} of {answers:,} assistant answers in {source} are empty: only their end of turn is learned"
+        )
+    return notes
 
 
 class ChatRows(Rows):
