@@ -14,9 +14,11 @@ import time
 
 import pytest
 import torch
+from conftest import kill_and_resume, launch, max_abs_diff, read_metrics, read_summary
 from hfchecks import in_process
 from hfmodels import chat_tokenizer, tiny_llama, tool_tokenizer
-from tooldata import KINDS, TOOLS, scripted, write_sums
+from textdata import write_jsonl
+from tooldata import KINDS, TOOLS, scripted, sum_rows, write_sums
 
 from anytrain import load_model
 from anytrain.config import ConfigError
@@ -26,6 +28,11 @@ from anytrain.tasks.grpo.turns import Conversation, Toolkit, assembled
 transformers = pytest.importorskip("transformers")
 
 REWARDS = '''
+def called(prompts, completions, completion_ids, **columns):
+    """1.0 where the completion called a tool (a tool's message follows), 0.1 per character of its last reply."""
+    return [float(any(m["role"] == "tool" for m in c)) + 0.1 * len(c[-1].get("content") or "") for c in completions]
+
+
 def answered(prompts, completions, completion_ids, answer, **columns):
     """1.0 where a tool's message holds the row's answer: the conversation, as TRL gives it."""
     return [float(any(m["role"] == "tool" and m["content"] == a for m in c)) for c, a in zip(completions, answer)]
@@ -308,3 +315,66 @@ def test_tools_need_chat_prompts_and_a_template_that_renders_them(folders, tmp_p
 
 def test_kinds_cover_what_a_model_does_with_a_tool():
     assert KINDS == ("right", "bad argument", "unknown", "malformed", "none")
+
+
+# --------------------------------------------------------------------------- launched: the model calls by itself
+
+
+@pytest.fixture(scope="module")
+def caller(folders, tmp_path_factory):
+    """The tiny tool Llama after 60 steps of sft on sums answered by a call to add (TRL's tool-calling chats, the
+    same schema in their `tools` column): about one completion in five then calls add well formed by itself, as a
+    launched run, which nothing scripts, needs."""
+    from transformers.utils import get_json_schema
+
+    root = tmp_path_factory.mktemp("caller")
+    (add,) = load_tools([f"{folders['tools']}:add"])
+    tools = json.dumps([get_json_schema(add)])
+    chats = []
+    for row in sum_rows(200, seed=5):
+        a, b = (int(x) for x in row["prompt"][0]["content"][len("What is ") : -1].split(" + "))
+        call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
+        chats.append({"tools": tools, "messages": [row["prompt"][0], {"role": "assistant", "content": "",
+                      "tool_calls": [call]}, {"role": "tool", "name": "add", "content": str(a + b)},
+                      {"role": "assistant", "content": str(a + b)}]})  # fmt: skip
+    write_jsonl((root / "chats").mkdir() or root / "chats" / "train.jsonl", chats)
+    in_process(root / "sft", "--task", "sft", "--model", f"hf:{folders['model']}", "--dataset", str(root / "chats"),
+               "--max-length", "1024", "--batch-size", "8", "--max-steps", "60", "--lr", "1e-2", "--val-fraction",
+               "0.05", "--test-fraction", "0.05", "--eval-every-steps", "0")  # fmt: skip
+    return root / "sft" / "hf"
+
+
+def launched_flags(folders, caller, *more: str) -> list[str]:
+    rewards = f"{folders['rewards']}:called"  # a reward that varies within groups: the step moves the weights
+    return [*flags({**folders, "model": caller}, "--tools", f"{folders['tools']}:add", "--reward", rewards), *more]
+
+
+def tool_lines(run) -> list[tuple]:
+    return [
+        (m["tool_calls"], m["tool_failures"], m["turns"], m["reward"])
+        for m in read_metrics(run)
+        if m["kind"] == "train"
+    ]
+
+
+@pytest.mark.launch
+def test_two_ranks_equal_one_rank_with_tools(folders, caller, tmp_path):
+    one = in_process(tmp_path / "one", *launched_flags(folders, caller, "--max-steps", "2", "--batch-size", "4"))
+    done = launch("multi_cpu.yaml", *launched_flags(folders, caller, "--max-steps", "2", "--batch-size", "2"),
+                  "--output-dir", str(tmp_path / "two"))  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert read_summary(tmp_path / "two")["scenario"]["num_processes"] == 2 and one["optimizer_steps"] == 2
+    lines = [tool_lines(tmp_path / d) for d in ("one", "two")]
+    assert sum(lines[0], ()) == pytest.approx(sum(lines[1], ()), abs=1e-9) and all(line[0] > 0 for line in lines[0])
+    weights = [load_model(tmp_path / d).state_dict() for d in ("one", "two")]
+    start = transformers.AutoModelForCausalLM.from_pretrained(caller).state_dict()
+    assert max_abs_diff(*weights) < 1e-6 < 1e-4 < max_abs_diff(weights[0], start), lines
+
+
+@pytest.mark.launch
+def test_a_sigkilled_run_with_tools_resumes_bit_for_bit(folders, caller, tmp_path):
+    more = ("--max-steps", "5", "--checkpoint-every-steps", "2", "--batch-size", "2", "--keep-checkpoints", "9")
+    reference, victim = kill_and_resume(tmp_path, launched_flags(folders, caller, *more), 3)
+    a, b = read_summary(reference), read_summary(victim)
+    assert a["last_weights_sha256"] == b["last_weights_sha256"] and b["resumed_from"].endswith("step-000002")
+    assert tool_lines(reference) == tool_lines(victim) and sum(line[0] for line in tool_lines(reference)) > 0
