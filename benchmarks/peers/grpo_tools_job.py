@@ -3,7 +3,8 @@ in it but the bundled sums, their tool and the tests' tool-calling model).
 
 The tests' random Llama (tests/hfmodels.py, 64 wide, 2 layers; a ChatML template that renders tools, Qwen 2.5's
 layout, and its response template, so that transformers parses the calls), first taught to call by 150 steps of
-anytrain sft on the bundled `tool-sums` (the same start for both trainers), then answering 200 of the bundled
+anytrain sft on the bundled `tool-sums` (the same start for both trainers), its generation config naming both end
+tokens (end-of-text and ChatML's end-of-turn, as a ChatML model's does), then answering 200 of the bundled
 `sum-questions` with one tool, `add(a, b)`, shown by the template and run on each parsed call (up to 4 calls a
 completion). Two reward functions (TRL's signature) for both: `right`, 1 where the last reply is the sum, and
 `called`, 1 where the completion called a tool. 10 optimizer steps of 4 prompts x G = 8 completions, temperature 1,
@@ -55,14 +56,27 @@ def build_model(folder: Path, root: Path) -> Path:
 
     done = folder / "sft" / "hf"
     if (done / "config.json").exists():
-        return done
+        return stops_at_end_of_turn(done)
     tiny_llama(folder / "tiny", tools=True)
     cmd = [sys.executable, str(root / "src" / "train.py"), "--model", f"hf:{folder / 'tiny'}", "--dataset", "tool-sums",
            "--max-length", "1024", "--batch-size", "16", "--max-steps", str(SFT_STEPS), "--lr", "3e-3",
            "--val-fraction", "0.005", "--test-fraction", "0.005", "--eval-every-steps", "0", "--no-progress",
            "--no-plot", "--output-dir", str(folder / "sft"), "--overwrite"]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, timeout=3600)
-    return done
+    return stops_at_end_of_turn(done)
+
+
+def stops_at_end_of_turn(folder: Path) -> Path:
+    """The model's generation config names both end tokens, end-of-text and ChatML's end-of-turn, as a ChatML model's
+    (Qwen's) does: TRL stops at the generation config's end tokens (without it every turn ran to the limit and no
+    tool's answer fitted), anytrain also at the template's end of turn."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    config = GenerationConfig.from_pretrained(folder)
+    config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    config.save_pretrained(folder)
+    return folder
 
 
 def anytrain_options(seed: int, data: Path) -> list[str]:
