@@ -168,26 +168,21 @@ def open_dataset(name: str, streaming: bool = False, folder=None):
     return openings[name, streaming]
 
 
-def read_dataset(name: str, streaming: bool = False, folder=None):
-    """(Dataset or DatasetDict, its name for messages) for a name or path; with streaming, IterableDataset(Dict)
-    where datasets can stream it. A folder of images (ImageFolder, `folder` when already scanned) is
-    read with datasets' imagefolder. ConfigError naming --dataset when it cannot be read."""
+def bundled(name: str):
+    """(Dataset, its name for messages) of a bundled dataset's name (bundled.NAMES, --help's list), else None."""
     import datasets
 
-    datasets.disable_progress_bars()  # one tqdm bar per run is enough
     if name == "digits":
         return datasets.Dataset.from_parquet(str(DIGITS_PATH)), "digits (bundled UCI handwritten digits)"
     if name == "shakespeare-speakers":
         from .speakers import NUM_SPEAKERS, load_speakers
 
         return load_speakers(), f"{name} (bundled Tiny Shakespeare: who speaks, {NUM_SPEAKERS} speakers)"
-    if name == "instructions":
-        from .instructions import ROWS, load_instructions
+    if name in ("instructions", "questions"):
+        from .instructions import ROWS, load_instructions, load_questions
 
-        return load_instructions(), f"{name} (bundled: {ROWS} generated chats with checkable answers)"
-    if name == "questions":
-        from .instructions import ROWS, load_questions
-
+        if name == "instructions":
+            return load_instructions(), f"{name} (bundled: {ROWS} generated chats with checkable answers)"
         return load_questions(), f"{name} (bundled: {ROWS} generated questions, each with its checkable answer)"
     if name in ("tool-sums", "sum-questions"):
         from .sums import ROWS, load_sum_questions, load_tool_sums
@@ -199,6 +194,19 @@ def read_dataset(name: str, streaming: bool = False, folder=None):
         from .preferences import ROWS, load_preferences
 
         return load_preferences(), f"{name} (bundled: {ROWS} generated preference pairs, the chosen answers checkable)"
+    return None
+
+
+def read_dataset(name: str, streaming: bool = False, folder=None):
+    """(Dataset or DatasetDict, its name for messages) for a name or path; with streaming, IterableDataset(Dict)
+    where datasets can stream it. A folder of images (ImageFolder, `folder` when already scanned) is
+    read with datasets' imagefolder. ConfigError naming --dataset when it cannot be read."""
+    import datasets
+
+    datasets.disable_progress_bars()  # one tqdm bar per run is enough
+    found = bundled(name)
+    if found is not None:
+        return found
     path = Path(name).expanduser()
     try:
         if path.is_dir():
