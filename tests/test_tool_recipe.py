@@ -93,4 +93,4 @@ def test_help_names_every_bundled_dataset_and_each_opens():
 
     said = DataConfig.__dataclass_fields__["dataset"].metadata["help"]
     assert tuple(said.split("(", 1)[1].split(":", 1)[0].split(", ")) == NAMES  # --help's list is the bundled one
-    assert all(bundled(name) is not None for name in ("questions", "tool-sums")) and bundled("nothing") is None
+    assert all(bundled(name) is not None for name in NAMES) and bundled("nothing") is None
