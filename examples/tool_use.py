@@ -5,7 +5,9 @@ For each seed, every stage an anytrain run in OUT/seed-N/STAGE:
     sft        --task sft --dataset tool-sums: chats in TRL's tool-calling format (a sum, the add call, the tool's
                answer, the reply; a fifth first call add without b, read the error and call again), --sft-steps
     grpo       --task grpo --model hf:OUT/seed-N/sft/hf --dataset sum-questions --tools anytrain.data.sums:add
-               --reward answer: the model calls the tool during its rollouts, the reply is checked exactly
+               --reward answer OUT/rewards.py:clean_calls: the model calls the tool during its rollouts, the reply
+               is checked exactly, and (--clean-calls, the default) a completion whose calls all ran without an
+               error earns 1 more
     more-sft   control: the SFT continued from the same hf/ folder for --steps steps
 One function then answers the same held-out sums (another seed's, in neither training set) with every hf/ folder,
 through anytrain's own rollout code (tasks/grpo/turns.py: the calls parsed, run and answered as in training):
@@ -108,17 +110,35 @@ def train(out: Path, *flags: str) -> float:
     return time.perf_counter() - start
 
 
+CLEAN_CALLS = '''
+def clean_calls(prompts, completions, completion_ids, **columns):
+    """1.0 where the completion called a tool and no tool answered with an error (TRL's signature)."""
+    return [float(any(m["role"] == "tool" for m in c) and not any(m["role"] == "tool" and m["content"].startswith(
+        "{'error'") for m in c)) for c in completions]
+'''
+
+
+def write_rewards(out: Path) -> Path:
+    """OUT/rewards.py: `clean_calls`, the reward for calls that ran without an error (--clean-calls)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rewards.py").write_text(CLEAN_CALLS)
+    return out / "rewards.py"
+
+
 def one_seed(model: Path, seed: int, args: argparse.Namespace, rows: list[dict]) -> dict:
     base = args.out / f"seed-{seed}"
     base.mkdir(parents=True, exist_ok=True)
     held = ["--val-fraction", "0.005", "--test-fraction", "0.005"]  # 20 rows each: a run's own evaluation is short
     sft, common = base / "sft", ["--seed", str(seed), *held]
-    seconds = {"sft": train(sft, "--model", f"hf:{model}", "--dataset", "tool-sums", "--batch-size", "16",
-                            "--max-steps", str(args.sft_steps), "--lr", str(args.sft_lr), "--max-length", "1024",
-                            *common)}  # fmt: skip
+    seconds = {"sft": 0.0}
+    if not (args.reuse_sft and (sft / "hf" / "config.json").exists()):
+        seconds["sft"] = train(sft, "--model", f"hf:{model}", "--dataset", "tool-sums", "--batch-size", "16",
+                               "--max-steps", str(args.sft_steps), "--lr", str(args.sft_lr), "--max-length", "1024",
+                               *common)  # fmt: skip
     start = ["--model", f"hf:{sft / 'hf'}", "--max-steps", str(args.steps), *common]
+    rewards = ["answer"] + ([f"{write_rewards(args.out)}:clean_calls"] if args.clean_calls else [])
     seconds["grpo"] = train(base / "grpo", *start, "--dataset", "sum-questions", "--tools", "anytrain.data.sums:add",
-                            "--reward", "answer", "--batch-size", str(args.prompts), "--num-generations",
+                            "--reward", *rewards, "--batch-size", str(args.prompts), "--num-generations",
                             str(args.generations), "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
                             "--max-tool-calls", "4")  # fmt: skip
     if args.controls:
@@ -159,6 +179,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-new-tokens", type=int, default=112, help="the model's own tokens per answer")
     p.add_argument("--lr", type=float, default=3e-4, help="GRPO's learning rate")
     p.add_argument("--controls", action=argparse.BooleanOptionalAction, default=True, help="run more-sft")
+    p.add_argument("--reuse-sft", action="store_true", help="start from OUT/seed-N/sft/hf where it is already")
+    p.add_argument("--clean-calls", action=argparse.BooleanOptionalAction, default=True,
+                   help="GRPO is also rewarded for calls that ran without an error")  # fmt: skip
     p.add_argument("--control-lr", type=float, default=1e-3, help="the control's learning rate")
     p.add_argument("--heldout", type=int, default=200, help="held-out sums scored")
     args = p.parse_args(argv)
