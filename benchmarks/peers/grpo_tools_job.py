@@ -49,15 +49,15 @@ def write_data(folder: Path) -> Path:
 
 def build_model(folder: Path, root: Path) -> Path:
     """The tests' tool-calling Llama, after SFT_STEPS steps of anytrain sft on tool-sums: FOLDER/sft/hf."""
+    import os
     import subprocess
-
-    sys.path.insert(0, str(root / "tests"))
-    from hfmodels import tiny_llama
 
     done = folder / "sft" / "hf"
     if (done / "config.json").exists():
         return stops_at_end_of_turn(done)
-    tiny_llama(folder / "tiny", tools=True)
+    make = f"from hfmodels import tiny_llama; tiny_llama({str(folder / 'tiny')!r}, tools=True)"  # the tests' builder
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root / "src")])}
+    subprocess.run([sys.executable, "-c", make], check=True, capture_output=True, timeout=600, env=env)
     cmd = [sys.executable, str(root / "src" / "train.py"), "--model", f"hf:{folder / 'tiny'}", "--dataset", "tool-sums",
            "--max-length", "1024", "--batch-size", "16", "--max-steps", str(SFT_STEPS), "--lr", "3e-3",
            "--val-fraction", "0.005", "--test-fraction", "0.005", "--eval-every-steps", "0", "--no-progress",
