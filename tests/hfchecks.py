@@ -93,3 +93,17 @@ def loss_and_grads(model, inputs: dict, targets: torch.Tensor) -> tuple[float, i
     count = int((labels != -100).sum())
     (total / count).backward()
     return total.item(), count, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def target_runs(tokenizer, ids: list[int], labels: list[int]) -> list[str]:
+    """The decoded runs of a row's target tokens (each label is its token or IGNORE)."""
+    from anytrain.shape import IGNORE
+
+    runs, current = [], []
+    for token, label in zip(ids, labels):
+        assert label in (token, IGNORE)
+        if label != IGNORE:
+            current.append(token)
+        elif current:
+            runs, current = [*runs, current], []
+    return [tokenizer.decode(run) for run in [*runs, current] if run]

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import pytest
 from conftest import run_cli_error
-from hfchecks import in_process
+from hfchecks import in_process, target_runs
 from templates import templated_tokenizer
 from textdata import write_jsonl
 
 from anytrain.config import ConfigError
 from anytrain.data import instructions
-from anytrain.shape import IGNORE
 from anytrain.tasks.hf_sft.chats import Renderer, tokenise
 
 pytest.importorskip("transformers")
@@ -50,15 +49,7 @@ def learned(name: str, chat: list) -> list[list[str]]:
     tokenizer = templated_tokenizer(name)
     found = []
     for text, spans in Renderer("messages", "messages", tokenizer, "rows", "train")({"messages": chat}, 0):
-        ids, labels = tokenise(tokenizer, text, spans, False)
-        runs, current = [], []
-        for token, label in zip(ids, labels):
-            assert label in (token, IGNORE)
-            if label != IGNORE:
-                current.append(token)
-            elif current:
-                runs, current = [*runs, current], []
-        found.append([tokenizer.decode(run) for run in [*runs, current] if run])
+        found.append(target_runs(tokenizer, *tokenise(tokenizer, text, spans, False)))
     return found
 
 

@@ -17,7 +17,15 @@ import json
 import pytest
 import torch
 from conftest import read_metrics, run_cli_error
-from hfchecks import big_batch, check_accumulation, check_kill_and_resume, check_two_ranks, in_process, loss_and_grads
+from hfchecks import (
+    big_batch,
+    check_accumulation,
+    check_kill_and_resume,
+    check_two_ranks,
+    in_process,
+    loss_and_grads,
+    target_runs,
+)
 from hfmodels import chat_tokenizer, tiny_llama
 from safetensors.torch import load_file
 from textdata import write_jsonl
@@ -25,7 +33,6 @@ from textdata import write_jsonl
 from anytrain.data import instructions
 from anytrain.data.packing import PackedRows
 from anytrain.sample import sample
-from anytrain.shape import IGNORE
 from anytrain.tasks.hf_sft import SupervisedFineTuning
 from anytrain.tasks.hf_sft.chats import ChatRows, Renderer, tokenise
 
@@ -59,15 +66,7 @@ def args(folders, *flags: str) -> list[str]:
 def learned(tokenizer, row: dict, form: str = "messages") -> list[str]:
     """The decoded runs of target tokens of one row (rendered as one text)."""
     [piece] = Renderer(form, "messages", tokenizer, "rows", "train")(row, 0)
-    ids, labels = tokenise(tokenizer, *piece, form != "messages")
-    runs, current = [], []
-    for token, label in zip(ids, labels):
-        if label != IGNORE:
-            assert label == token
-            current.append(token)
-        elif current:
-            runs, current = [*runs, current], []
-    return [tokenizer.decode(run) for run in [*runs, current] if run]
+    return target_runs(tokenizer, *tokenise(tokenizer, *piece, form != "messages"))
 
 
 def test_the_targets_are_the_answers_and_their_end_of_turn_tokens():

@@ -14,7 +14,7 @@ import re
 import pytest
 import toolchats
 from conftest import read_metrics, run_cli_error
-from hfchecks import in_process
+from hfchecks import in_process, target_runs
 from hfmodels import tiny_llama, tool_tokenizer
 from textdata import write_jsonl
 
@@ -45,22 +45,10 @@ def encoded(tokenizer, row: dict, form: str = MESSAGES):
     return *tokenise(tokenizer, text, spans, False), text
 
 
-def learned(tokenizer, ids: list[int], labels: list[int]) -> list[str]:
-    """The decoded runs of target tokens."""
-    runs, current = [], []
-    for token, label in zip(ids, labels):
-        assert label in (token, IGNORE)
-        if label != IGNORE:
-            current.append(token)
-        elif current:
-            runs, current = [*runs, current], []
-    return [tokenizer.decode(run) for run in [*runs, current] if run]
-
-
 def test_the_targets_of_a_tool_chat_are_its_calls_and_answers_not_the_tool_results():
     tokenizer = tool_tokenizer()
     ids, labels, text = encoded(tokenizer, {"messages": CHAT, "tools": toolchats.schemas()})
-    runs = learned(tokenizer, ids, labels)
+    runs = target_runs(tokenizer, ids, labels)
     assert runs == [f"{CALL_TEXT}<|im_end|>\n", "It is 5.<|im_end|>\n", f"{REVERSE_TEXT}<|im_end|>\n"]
     assert "RESULT_5_OF_ADD" in text and not any("RESULT_5_OF_ADD" in run or "tool_response" in run for run in runs)
     assert text.count("<tool_call>") == 3 and not any("# Tools" in run for run in runs)  # the block's is context
