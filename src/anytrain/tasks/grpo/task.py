@@ -121,6 +121,7 @@ class GroupRelative(HFCausalLM):
         self.environment: type | None = None  # --environment's class (load_data)
         self.kit: Toolkit | None = None  # with tools or an environment: completions are conversations (load_data)
         self.room = (0, "")  # the most tokens a prompt may have, and why (load_data)
+        self.known_schemas: dict[Callable, dict] = {}  # each tool function's schema, made once (schemas)
 
     # --------------------------------------------------------------------------- data and model
     def load_data(self, given=None) -> Splits:
@@ -296,12 +297,11 @@ class GroupRelative(HFCausalLM):
 
     def schemas(self, tools: list[Callable]) -> list[dict]:
         """The tools' JSON schemas, as the chat template shows them (each function's made once)."""
-        known = self.__dict__.setdefault("known_schemas", {})
         for tool in tools:
-            function = getattr(tool, "__func__", tool)
-            if function not in known:
-                known[function] = schema_of(tool, "--tools")
-        return [known[getattr(tool, "__func__", tool)] for tool in tools]
+            function = getattr(tool, "__func__", tool)  # an environment's method: its class's function
+            if function not in self.known_schemas:
+                self.known_schemas[function] = schema_of(tool, "--tools")
+        return [self.known_schemas[getattr(tool, "__func__", tool)] for tool in tools]
 
     def conversation(self, split: str, row: int) -> Conversation:
         """A completion of the row's prompt: its tools and, with --environment, its own instance, reset with the
