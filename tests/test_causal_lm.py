@@ -16,8 +16,8 @@ from zoo import tiny_causal_lm
 
 from anytrain import lmhead
 from anytrain.shape import IGNORE
-from anytrain.tasks.causal_lm.generation import Sampling, completion_keys, generate, stop_ids
-from anytrain.tasks.causal_lm.logprobs import completion_logps, labels_from
+from anytrain.tasks.causal_lm.generation import Sampling, completion_keys, generate, prompt_runs, stop_ids
+from anytrain.tasks.causal_lm.logprobs import completion_logps, labels_from, shares_prompts
 
 pytest.importorskip("transformers")
 
@@ -161,3 +161,111 @@ def test_a_text_prompt_longer_than_the_model_takes_is_refused_not_cut(tmp_path, 
     said = run_cli_error(capsys, flags)
     assert "has a prompt of" in said and "more than the 112 a prompt may have (the model's 128 positions less " in said
     assert "prompts are never cut" in said and not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- a group's prompt read once
+
+
+def grouped_rows(vocabulary: int):
+    """Six completions of three prompts (7, 7 and 4 tokens, padded on the left to 7), in runs of 3, 1 and 2 as
+    grpo's groups come (a micro-batch may split one); completions of up to 5 tokens, two stopping early."""
+    from anytrain.tasks.causal_lm.generation import Completions
+
+    g = torch.Generator().manual_seed(3)
+    prompts = torch.randint(1, vocabulary, (3, 7), generator=g).repeat_interleave(torch.tensor([3, 1, 2]), 0)
+    mask = torch.ones(6, 12, dtype=torch.long)
+    mask[4:, :3] = 0  # the third prompt: 4 tokens
+    completion = torch.ones(6, 5, dtype=torch.bool)
+    completion[1, 2:], completion[5, 4:] = False, False
+    mask[:, 7:] = completion.long()
+    ids = torch.cat([prompts, torch.randint(1, vocabulary, (6, 5), generator=g)], 1).masked_fill(mask == 0, 0)
+    return Completions(ids, mask, (mask.cumsum(1) - 1).clamp(min=0), completion, torch.zeros(6, dtype=torch.bool), 7)
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_a_prompt_read_once_for_its_group_gives_the_same_log_probabilities_and_gradients(name, one_thread):
+    """grpo's --share-prompts: each distinct prompt's key-value cache computed once and repeated to its completions
+    gives each completion token the log-probability, and each weight the gradient, of every row read whole; the
+    model reads 3 prompts, not 6 (the tokens of its calls counted); the check on the model says it may."""
+    model = tiny_causal_lm(name)
+    if name == "mixtral":
+        model.config.output_router_logits = False  # the log-probabilities alone, no load-balancing term
+    lmhead.install(model)
+    reads: list[int] = []
+
+    def call(inputs):
+        reads.append(inputs["input_ids"].numel())
+        return model(**inputs)
+
+    shared, why = shares_prompts(call, model)
+    assert shared is not None and "each distinct prompt read once" in why, why
+    rows = grouped_rows(model.config.vocab_size)
+    firsts, run = prompt_runs(rows.ids[:, :7], rows.mask[:, :7])
+    assert firsts.tolist() == [0, 3, 4] and run.tolist() == [0, 0, 0, 1, 2, 2]
+    weights = torch.randn(6, 5, generator=torch.Generator().manual_seed(1))
+    for temperature in (1.0, 0.7):
+        got = []
+        for how in (None, shared):
+            model.zero_grad()
+            reads.clear()
+            logps = completion_logps(call, rows, temperature, how)
+            (logps * weights).sum().backward()
+            got.append((logps.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None], sum(reads)))
+        (plain, plain_grads, plain_reads), (once, once_grads, once_reads) = got
+        assert torch.allclose(once, plain, atol=2e-5), (once - plain).abs().max()
+        assert (once[~rows.completion] == 0).all() and len(once_grads) == len(plain_grads)
+        assert all(torch.allclose(a, b, atol=2e-5, rtol=1e-3) for a, b in zip(once_grads, plain_grads)), name
+        assert plain_reads == 6 * 12 and once_reads == 3 * 6 + 6 * 6  # 3 prompts but their last tokens, then the rest
+
+
+def test_a_model_that_cannot_read_a_prompt_once_is_said_so(one_thread):
+    """Mamba keeps a state, not a key-value cache to repeat; gradient checkpointing would recompute the blocks with
+    the cache: both read every row whole, and the check says why."""
+    mamba = tiny_causal_lm("mamba")
+    shared, why = shares_prompts(lambda inputs: mamba(**inputs), mamba)
+    assert shared is None and why.startswith("its forward with a key-value cache failed: AttributeError"), why
+    llama = tiny_causal_lm("llama")
+    llama.gradient_checkpointing_enable()
+    shared, why = shares_prompts(lambda inputs: llama(**inputs), llama)
+    assert shared is None and why == "gradient checkpointing recomputes the blocks, and a key-value cache with them"
+    alone = grouped_rows(400).rows(torch.tensor([0, 3, 4]))
+    assert prompt_runs(alone.ids[:, :7], alone.mask[:, :7]) is None  # no prompt shared: nothing to do
+
+
+def test_a_prompt_padded_on_the_left_generates_what_it_generates_alone(one_thread):
+    """generate is given each token's position from the mask: the fused output layer's forward hides the model's
+    signature from transformers, which then counted positions from the padding, so a model whose positions are not
+    relative (XGLM's sinusoids; the zoo's others take them from the mask or are relative) read a padded prompt at
+    other positions than its log-probabilities were taken at, and wrote other tokens."""
+    model = tiny_causal_lm("xglm")
+    lmhead.install(model)
+    sampling = Sampling(max_new_tokens=5, stops=(0,), pad=0)
+    short, long = [5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]
+    together = generate(model, [long, short], None, sampling)
+    alone = generate(model, [short], None, sampling)
+    assert together.ids[1, together.width :].tolist() == alone.ids[0, alone.width :].tolist()
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_generation_reads_a_groups_prompt_once_and_writes_the_same_tokens(name, one_thread):
+    """generate with `shared`: each distinct prompt but its last token read once, its cache repeated to its rows,
+    then transformers' generate goes on from it: the same sampled tokens (keyed noise), the prompts' tokens read
+    once (the first call's tokens counted)."""
+    model = tiny_causal_lm(name)
+    lmhead.install(model)
+    shared, why = shares_prompts(lambda inputs: model(**inputs), model)
+    assert shared is not None, why
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, 400, (n,), generator=g).tolist() for n in (9, 5)]
+    prompts = [prompts[0]] * 3 + [prompts[1]] * 2
+    keys = completion_keys(7, 0, 0, torch.tensor([0, 1]), 3)[:5]
+    sampling = Sampling(max_new_tokens=6, stops=(0,), pad=0, temperature=0.9)
+    reads: list[int] = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: reads.append(k["input_ids"].numel()), with_kwargs=True)
+    plain = generate(model, prompts, keys, sampling)
+    first_plain = reads[0]
+    reads.clear()
+    once = generate(model, prompts, keys, sampling, shared=shared)
+    hook.remove()
+    assert torch.equal(plain.ids, once.ids) and torch.equal(plain.mask, once.mask)
+    assert first_plain == 5 * 9 and reads[:2] == [2 * 8, 5]  # the prompts but their last tokens once, then 1 a row

@@ -392,6 +392,7 @@ def test_evaluation_says_the_rewards_and_no_loss(learnt):
     lines keep the objective's value as their loss, and the best weights follow the validation reward (of two alike,
     the first: no loss breaks the tie)."""
     summary, run, printed = learnt
+    assert "prompts: each distinct prompt read once per group (checked on the model" in printed  # --share-prompts
     metrics = read_metrics(run)
     evals = [m for m in metrics if m["kind"] == "eval"]
     assert [(m["split"], m["step"]) for m in evals] == [("validation", 9), ("validation", 16), ("test", 16)]

@@ -99,8 +99,8 @@ def scripted(monkeypatch, tokenizer) -> list[dict]:
     real, seen = turns.generate, []
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
-    def generate(model, prompts, keys, sampling, chunk=0):
-        done = real(model, prompts, keys, sampling, chunk)
+    def generate(model, prompts, keys, sampling, chunk=0, shared=None):
+        done = real(model, prompts, keys, sampling, chunk, shared)
         for k, prompt in enumerate(prompts):
             text = tokenizer.decode(prompt)
             if "</tool_response>" in text.rsplit("<|im_start|>user", 1)[-1]:

@@ -125,7 +125,7 @@ def case(**given) -> dict:
     """A case's settings: TRL's defaults, as anytrain's flags default, unless given."""
     return {"loss": "dapo", "scale": "group", "importance": "token", "beta": 0.0, "temperature": 1.0,
             "rewards": {"length": 1.0}, "accum": 1, "steps": 1, "kl_correction": True, "advantage": "grpo",
-            "normalize": False, "G": G, "defaults": False, **given}  # fmt: skip
+            "normalize": False, "G": G, "defaults": False, "share": True, **given}  # fmt: skip
 
 
 def rloo_case(**given) -> dict:
@@ -146,7 +146,7 @@ def flags(folders, c: dict) -> list[str]:
         "--max-new-tokens", str(NEW), "--batch-size", str(PROMPTS), "--grad-accum-steps", str(c["accum"]),
         "--temperature", str(c["temperature"]), "--epsilon", str(EPS), "--seed", "5", *sgd_flags(steps=c["steps"]),
         *([] if c["defaults"] else objective), *(["--advantage", "rloo"] if c["advantage"] == "rloo" else []),
-        *(["--normalize-advantages"] if c["normalize"] else []),
+        *(["--normalize-advantages"] if c["normalize"] else []), *([] if c["share"] else ["--no-share-prompts"]),
     ]  # fmt: skip
 
 
@@ -159,6 +159,7 @@ def recorded_run(folders, run, monkeypatch, c: dict) -> list[tuple[dict, object]
         model = ctx.accelerator.unwrap_model(ctx.model)
         before = {n: p.detach().double().clone() for n, p in model.named_parameters()}
         rollout = original(self, ctx, slot)
+        assert (self.shared is not None) == c["share"]  # a group's prompt read once, unless --no-share-prompts
         seen.append((before, rollout))
         return rollout
 
@@ -315,6 +316,8 @@ CASES = [
     pytest.param(case(rewards={"length": 1.0, "spaces": 0.5}), id="two rewards weighted"),
     pytest.param(case(accum=2), id="accumulated"),
     pytest.param(case(accum=2, loss="grpo"), id="accumulated grpo"),
+    pytest.param(case(share=False), id="each row whole"),  # --no-share-prompts: every other case reads prompts once
+    pytest.param(case(accum=3), id="accumulated across groups"),  # micro-batches of 3, 3, 2: groups split
     pytest.param(case(rewards={"odd_none": 1.0, "quarter_none": 0.5}), id="None for some"),
     pytest.param(case(rewards={"odd_none": 1.0, "second_none": 0.5}), id="None from every function for some"),
     pytest.param(case(temperature=0.7), id="temperature 0.7"),

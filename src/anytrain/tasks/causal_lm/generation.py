@@ -1,7 +1,9 @@
 """Generation for a transformers causal LM, the one way every causal-LM task generates (grpo's rollouts, sft's and
-dpo's evaluation answers, `anytrain sample`): prompts padded on the left, the key-value cache on, evaluation mode,
-no gradients, stopping at any of the stop ids (`stop_ids`: the tokenizer's end of text, the model's generation
-config's end ids, a chat template's end of turn) or after `max_new_tokens`.
+dpo's evaluation answers, `anytrain sample`): prompts padded on the left, each token's position from the mask (as
+the log-probabilities take them), the key-value cache on, evaluation mode, no gradients, stopping at any of the stop
+ids (`stop_ids`: the tokenizer's end of text, the model's generation config's end ids, a chat template's end of
+turn) or after `max_new_tokens`. A prompt that follows itself (grpo's group) may be read once (`shared`:
+`prompt_kv`, the cache of its tokens but the last, repeated to its rows).
 
 The sampling config is complete: the model's own generation config (a repetition penalty, no_repeat_ngram_size,
 top_k in its generation_config.json) changes nothing, so what is sampled is softmax(logits / temperature) within the
@@ -16,6 +18,8 @@ accumulation equals one big batch, and a killed run resumes bit for bit. Without
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -115,6 +119,12 @@ class Completions:
             self.width,
         )  # fmt: skip
 
+    def to(self, device: torch.device) -> Completions:
+        ids, mask, positions, completion = (
+            t.to(device) for t in (self.ids, self.mask, self.positions, self.completion)
+        )
+        return Completions(ids, mask, positions, completion, self.truncated.to(device), self.width)
+
     def completion_ids(self) -> list[list[int]]:
         """Each completion's tokens after its prompt (with tools, the tools' answers too, as TRL gives them)."""
         return [row[keep.bool()].tolist() for row, keep in zip(self.ids[:, self.width :], self.mask[:, self.width :])]
@@ -174,18 +184,66 @@ def generating_model(model: nn.Module) -> nn.Module:
     return next(m for m in model.modules() if isinstance(m, GenerationMixin) and hasattr(m, "generation_config"))
 
 
+@dataclass(frozen=True)
+class PromptCache:
+    """How a model takes a key-value cache (its forward's keyword, `cache` from transformers 5, `past_key_values`
+    before, which is also its output's field) and keeps only the last position's logits (`keep`, if it can)."""
+
+    kwarg: str
+    keep: str | None
+
+
+def prompt_cache(model: nn.Module) -> PromptCache | None:
+    """The model's PromptCache, from its forward's signature (None: it takes no cache)."""
+    names = inspect.signature(type(generating_model(model)).forward).parameters  # its own, not a wrapper's
+    kwarg = next((n for n in ("cache", "past_key_values") if n in names), None)
+    keep = next((n for n in ("logits_to_keep", "num_logits_to_keep") if n in names), None)
+    return None if kwarg is None else PromptCache(kwarg, keep)
+
+
+def prompt_runs(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Of prompts padded on the left (ids, mask): the first row of each run of rows with the same prompt and each
+    row's run, where some row has the prompt of the row before (grpo's groups are consecutive) and the prompts have a
+    column before their last token; else None."""
+    if ids.shape[1] < 2:
+        return None
+    prompts = ids.masked_fill(mask == 0, -1)
+    new = torch.ones(len(prompts), dtype=torch.bool, device=prompts.device)
+    new[1:] = (prompts[1:] != prompts[:-1]).any(1)
+    if bool(new.all()):
+        return None
+    return new.nonzero()[:, 0], new.cumsum(0) - 1
+
+
+def prompt_kv(call: Callable, ids: torch.Tensor, mask: torch.Tensor, shared: PromptCache, runs) -> Any:
+    """The key-value cache of each distinct row of (ids, mask) read once (`runs`: prompt_runs'), repeated to every
+    row of its run (a gather: gradients flow back through it)."""
+    firsts, run = runs
+    head = {"input_ids": ids[firsts], "attention_mask": mask[firsts], "use_cache": True}
+    head |= {"position_ids": (mask[firsts].cumsum(1) - 1).clamp(min=0), **({shared.keep: 1} if shared.keep else {})}
+    cache = getattr(call(head), shared.kwarg)
+    cache.batch_select_indices(run)
+    return cache
+
+
 @torch.no_grad()
 def generate(
-    model: nn.Module, prompts: list[list[int]], keys: torch.Tensor | None, sampling: Sampling, chunk: int = 0
+    model: nn.Module,
+    prompts: list[list[int]],
+    keys: torch.Tensor | None,
+    sampling: Sampling,
+    chunk: int = 0,
+    shared: PromptCache | None = None,
 ) -> Completions:
     """Each prompt's completion (keys: one per prompt, sampled; None: greedy) under a complete config: the model's
     generation config is set aside for the call, so none of its fields fill what this one leaves unset. `chunk`: so
     many prompts generated at a time (0: all), the pieces joined: the same completions (each one's noise is its
-    key's), the memory of a piece's key-value cache and logits."""
+    key's), the memory of a piece's key-value cache and logits. `shared`: a prompt that follows itself (grpo's
+    group) read once, its key-value cache (but its last token) repeated to its rows before generate goes on."""
     if 0 < chunk < len(prompts):
         starts = range(0, len(prompts), chunk)
         return joined([generate(model, prompts[i : i + chunk], None if keys is None else keys[i : i + chunk],
-                                sampling) for i in starts], sampling.pad)  # fmt: skip
+                                sampling, shared=shared) for i in starts], sampling.pad)  # fmt: skip
     from transformers import GenerationConfig, LogitsProcessorList
 
     ids, mask = left_padded(prompts, sampling.pad)
@@ -199,15 +257,32 @@ def generate(
     inner = generating_model(model)
     own, inner.generation_config = inner.generation_config, GenerationConfig()  # transformers' defaults only
     model.eval()
+    ids, mask = ids.to(device), mask.to(device)
     try:
         out = cast(Any, model).generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
-            logits_processor=LogitsProcessorList(processors),
+            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+            generation_config=config, logits_processor=LogitsProcessorList(processors),
+            **prefilled(model, ids, mask, shared), **unrouted(inner),
         )  # fmt: skip
     finally:
         inner.generation_config = own
         model.train(was_training)
-    return read_back(out, mask.to(device), width, sampling)
+    return read_back(out, mask, width, sampling)
+
+
+def unrouted(model: nn.Module) -> dict:
+    """A mixture of experts' load-balancing loss off while generating: nothing needs it, and transformers computes it
+    against the whole attention mask, which fails on a step of one token a row after padded prompts."""
+    return {"output_router_logits": False} if getattr(model.config, "output_router_logits", False) else {}
+
+
+def prefilled(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, shared: PromptCache | None) -> dict:
+    """generate's keyword for a cache of the prompts but their last tokens, each distinct prompt read once ({} where
+    none is shared, or no `shared`)."""
+    runs = None if shared is None else prompt_runs(ids, mask)
+    if shared is None or runs is None:
+        return {}
+    return {shared.kwarg: prompt_kv(lambda inputs: model(**inputs), ids[:, :-1], mask[:, :-1], shared, runs)}
 
 
 def read_back(out: torch.Tensor, prompt_mask: torch.Tensor, width: int, sampling: Sampling) -> Completions:

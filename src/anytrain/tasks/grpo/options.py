@@ -120,6 +120,13 @@ class GRPOOptions:
     tool_timeout: float = option(
         10.0, "grpo: seconds a tool call may take; then the model is answered that it timed out", bounds=POSITIVE
     )
+    share_prompts: bool = option(
+        True,
+        "grpo: each distinct prompt is read once for its whole group, by generate and by the log-probabilities (its "
+        "key-value cache repeated to the group's completions), not once per completion: the same values to float "
+        "rounding, checked on the model at the start (where the model cannot, or with gradient checkpointing, every "
+        "row is read whole, as TRL does); --no-share-prompts: always every row whole",
+    )
     generate_batch: int = option(
         0,
         "grpo: completions generated together (0: a process's whole rollout at once); fewer bound generation's "

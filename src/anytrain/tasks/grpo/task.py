@@ -30,7 +30,7 @@ from ...data.splits import Splits
 from ...shape import DataShape
 from ..causal_lm.answers import Answers
 from ..causal_lm.generation import Completions, Sampling, completion_keys, generate, model_eos, stop_ids
-from ..causal_lm.logprobs import completion_logps
+from ..causal_lm.logprobs import PromptCache, completion_logps, shares_prompts
 from ..causal_lm.prompts import prompt_ids
 from ..causal_lm.tools import check_parses, check_renders_tools, load_tools, schema_of
 from ..contract import RunContext
@@ -122,6 +122,9 @@ class GroupRelative(HFCausalLM):
         self.kit: Toolkit | None = None  # with tools or an environment: completions are conversations (load_data)
         self.room = (0, "")  # the most tokens a prompt may have, and why (load_data)
         self.known_schemas: dict[Callable, dict] = {}  # each tool function's schema, made once (schemas)
+        self.shared: PromptCache | None = (
+            None  # how a group's prompt is read once (on_run_start; None: every row whole)
+        )
 
     # --------------------------------------------------------------------------- data and model
     def load_data(self, given=None) -> Splits:
@@ -183,15 +186,24 @@ class GroupRelative(HFCausalLM):
 
             self.frozen = copy.deepcopy(ctx.accelerator.unwrap_model(ctx.model)).eval().requires_grad_(False)
         names = ", ".join(f"{r.name} (x{r.weight:g})" for r in self.rewards)
+        shared = self.sharing(ctx)
         ctx.accelerator.print(
             f"anytrain: grpo: {self.o.num_generations} completions per prompt, {self.cfg.optim.batch_size} prompts per "
             f"process and step, {self.o.grpo_iterations} step(s) per rollout; loss {self.o.grpo_loss}, advantages "
             f"{self.o.advantage} scaled by {self.o.scale_rewards}{', normalised' * self.o.normalize_advantages}, "
             f"ratio per {self.o.importance}, KL weight {self.o.kl_beta:g}"
-            f"{' (in the reward)' * (self.o.advantage == 'rloo')}; rewards: {names}"
+            f"{' (in the reward)' * (self.o.advantage == 'rloo')}; rewards: {names}; prompts: {shared}"
         )
         self.figures.start()
         self.table.start(ctx.run_dir, ctx.accelerator.is_main_process)
+
+    def sharing(self, ctx: RunContext) -> str:
+        """--share-prompts: whether generate and the log-probabilities may read a group's prompt once, checked on the
+        model (tasks/causal_lm/logprobs.py); what the start-up line says of it."""
+        if not self.o.share_prompts:
+            return "each row whole (--no-share-prompts)"
+        self.shared, why = shares_prompts(ctx.forward, ctx.model)
+        return why if self.shared is not None else f"each row whole, as {why}"
 
     # --------------------------------------------------------------------------- the step
     def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
@@ -202,7 +214,7 @@ class GroupRelative(HFCausalLM):
         rollout = self.rollout
         index = rollout.micro_batch(slot.micro, self.cfg.optim.grad_accum_steps)
         rows = rollout.rows.rows(index)
-        logps = completion_logps(ctx.forward, rows, self.o.temperature)
+        logps = completion_logps(ctx.forward, rows, self.o.temperature, self.shared)
         old = logps.detach() if rollout.old is None else rollout.old[index]
         ref = None if rollout.ref is None else rollout.ref[index]
         keep = rollout.keep[index]
@@ -266,7 +278,9 @@ class GroupRelative(HFCausalLM):
         count = self.cfg.optim.grad_accum_steps
         pieces = torch.tensor_split(torch.arange(len(done.ids)), count)
         call = lambda inputs: model(**inputs)  # noqa: E731 - the bare model: no gradients, no wrappers
-        return torch.cat([completion_logps(call, done.rows(index), self.o.temperature) for index in pieces])
+        return torch.cat(
+            [completion_logps(call, done.rows(index), self.o.temperature, self.shared) for index in pieces]
+        )
 
     def reference_logps(self, model: nn.Module, done: Completions) -> torch.Tensor:
         """The reference's per-token log-probabilities: the frozen starting model, or the model with its adapter off
@@ -284,9 +298,9 @@ class GroupRelative(HFCausalLM):
         as conversations (tasks/grpo/turns.py), which are returned too."""
         if self.kit is None:
             prompts = [self.prompts[split].ids[r] for r in rows for _ in range(per_row)]
-            return generate(model, prompts, keys, self.sampling(), self.o.generate_batch), None
+            return generate(model, prompts, keys, self.sampling(), self.o.generate_batch, self.shared), None
         talks = [self.conversation(split, r) for r in rows for _ in range(per_row)]
-        return converse(model, talks, keys, self.sampling(), self.kit), talks
+        return converse(model, talks, keys, self.sampling(), self.kit, self.shared), talks
 
     def probe_tools(self) -> list[Callable]:
         """Every completion's tools: --tools, then the environment's methods (of an instance made to read them)."""

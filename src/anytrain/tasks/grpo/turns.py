@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..causal_lm.generation import MASK32, Completions, Sampling, generate, mix32
+from ..causal_lm.generation import MASK32, Completions, PromptCache, Sampling, generate, mix32
 from ..causal_lm.tools import parse_turn, run_call, tool_suffix
 
 
@@ -91,16 +91,22 @@ def turn_keys(keys: torch.Tensor, turn: int) -> torch.Tensor:
 
 
 def converse(
-    model: nn.Module, talks: list[Conversation], keys: torch.Tensor | None, sampling: Sampling, kit: Toolkit
+    model: nn.Module,
+    talks: list[Conversation],
+    keys: torch.Tensor | None,
+    sampling: Sampling,
+    kit: Toolkit,
+    shared: PromptCache | None = None,
 ) -> Completions:
-    """Every conversation taken turn by turn to its end (module docstring); the open ones generate together."""
+    """Every conversation taken turn by turn to its end (module docstring); the open ones generate together (with
+    `shared`, a prompt that follows itself read once: generate's)."""
     turn = 0
     while active := [k for k, talk in enumerate(talks) if talk.open]:
         budgets = [min(sampling.max_new_tokens - talks[k].own, kit.positions - len(talks[k].prefix + talks[k].ids))
                    for k in active]  # fmt: skip
         these = None if keys is None else turn_keys(keys[torch.tensor(active)], turn)
         done = generate(model, [talks[k].prefix + talks[k].ids for k in active], these,
-                        replace(sampling, max_new_tokens=max(budgets)), kit.chunk)  # fmt: skip
+                        replace(sampling, max_new_tokens=max(budgets)), kit.chunk, shared)  # fmt: skip
         for j, k in enumerate(active):
             ids = done.ids[j, done.width :][done.completion[j]].tolist()
             stopped = not bool(done.truncated[j]) and len(ids) <= budgets[j]
