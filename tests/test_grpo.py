@@ -162,6 +162,22 @@ def test_generating_in_pieces_gives_the_same_completions_and_rows(folders, model
     assert pieces.width == whole.width
 
 
+def test_generation_is_sized_to_the_free_memory(folders, model, monkeypatch):
+    """--generate-batch 0: as many completions at a time as their key-value caches and a step's scores fit in half
+    the free memory (all at once where they fit, at least one): a row's bytes by the model's config."""
+    from anytrain.tasks.causal_lm import generation
+
+    doubled = [p for p in prompts_of(folders, 4) for _ in range(2)]
+    sampling = settings(folders)
+    per_row = generation.row_bytes(model, max(map(len, doubled)) + 6)
+    c = model.config
+    cache = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
+    assert per_row == cache * (max(map(len, doubled)) + 6) + 128 * c.vocab_size
+    for free, chunk in ((2 * 3 * per_row + 1, 3), (2 * 8 * per_row, 0), (0, 1)):  # 3 fit; all 8 fit; none fits
+        monkeypatch.setattr(generation, "free_bytes", lambda device, free=free: free)
+        assert generation.fitting(model, doubled, sampling) == chunk, free
+
+
 def test_gumbel_noise_samples_the_tempered_softmax_within_the_nucleus():
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
     keys = torch.arange(40_000)
@@ -363,11 +379,23 @@ def test_bad_input_is_one_line_each(folders, capsys, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def learnt(folders, tmp_path_factory):
+def learnt(folders, model, tmp_path_factory):
     """The run's summary, its folder and what it printed."""
+    from anytrain.tasks.causal_lm import generation
+
     run, printed = tmp_path_factory.mktemp("learnt") / "run", io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    real, chunks = generation.generate, []
+
+    def generate(model, prompts, keys, sampling, chunk=0, shared=None):
+        chunks.append((len(prompts), chunk, generation.fitting(model, prompts, sampling)))
+        return real(model, prompts, keys, sampling, chunk, shared)
+
+    with contextlib.redirect_stdout(printed), pytest.MonkeyPatch.context() as patch:
+        patch.setattr("anytrain.tasks.grpo.task.generate", generate)  # the rollouts' chunks, recorded
+        patch.setattr(generation, "free_bytes", lambda device: 2 * 20 * generation.row_bytes(model, 30))
         summary = in_process(run, *args(folders, "--max-steps", "16", "--num-generations", "8", "--lr", "1e-2"))
+    assert all(chunk == fits for _, chunk, fits in chunks)  # --generate-batch 0: as many as fit in half the memory
+    assert any(0 < chunk < rows for rows, chunk, _ in chunks)  # here fewer than a rollout's 32 (same completions)
     return summary, run, printed.getvalue()
 
 

@@ -311,13 +311,11 @@ CASES = [
     pytest.param(case(loss="grpo"), id="grpo"),
     pytest.param(case(loss="dr_grpo"), id="dr_grpo"),
     pytest.param(case(scale="batch"), id="scale batch"),
-    pytest.param(case(scale="none"), id="scale none"),
+    pytest.param(case(scale="none", share=False), id="scale none, each row whole"),  # --no-share-prompts
     pytest.param(case(importance="sequence"), id="sequence"),
     pytest.param(case(rewards={"length": 1.0, "spaces": 0.5}), id="two rewards weighted"),
-    pytest.param(case(accum=2), id="accumulated"),
+    pytest.param(case(accum=3), id="accumulated"),  # micro-batches of 3, 3, 2 completions: groups split
     pytest.param(case(accum=2, loss="grpo"), id="accumulated grpo"),
-    pytest.param(case(share=False), id="each row whole"),  # --no-share-prompts: every other case reads prompts once
-    pytest.param(case(accum=3), id="accumulated across groups"),  # micro-batches of 3, 3, 2: groups split
     pytest.param(case(rewards={"odd_none": 1.0, "quarter_none": 0.5}), id="None for some"),
     pytest.param(case(rewards={"odd_none": 1.0, "second_none": 0.5}), id="None from every function for some"),
     pytest.param(case(temperature=0.7), id="temperature 0.7"),

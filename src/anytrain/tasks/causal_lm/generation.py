@@ -226,6 +226,44 @@ def prompt_kv(call: Callable, ids: torch.Tensor, mask: torch.Tensor, shared: Pro
     return cache
 
 
+MEMORY_SHARE = 0.5  # fitting(): the share of the free memory a generate call may fill
+
+
+def free_bytes(device: torch.device) -> int:
+    """The memory a generate call may take on `device`: a GPU's free memory and what torch holds unused there; a
+    CPU's available memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    import psutil  # an accelerate dependency
+
+    return int(psutil.virtual_memory().available)
+
+
+def row_bytes(model: nn.Module, length: int) -> int | None:
+    """A row's memory while generating `length` tokens: its key-value cache (every layer's keys and values, at 4
+    bytes a number) and a step's scores (float32 scores, their filtered copies, the Gumbel noise's int64 hashes: 16
+    numbers of 8 bytes a token of the vocabulary). None for a model whose config does not say its attention's sizes."""
+    config = cast(Any, generating_model(model)).config.get_text_config()
+    layers, heads = getattr(config, "num_hidden_layers", None), getattr(config, "num_attention_heads", None)
+    if not (layers and heads and getattr(config, "hidden_size", None)):
+        return None
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * layers * kv_heads * head_dim * length * 4 + 16 * 8 * config.vocab_size
+
+
+def fitting(model: nn.Module, prompts: list[list[int]], sampling: Sampling) -> int:
+    """How many of `prompts` to generate at a time so that their rows fill at most MEMORY_SHARE of the free memory
+    (grpo's --generate-batch 0): 0 (all at once) where they all fit or the model's sizes are unknown, else the most
+    that fit, at least 1."""
+    per_row = row_bytes(model, max(len(p) for p in prompts) + sampling.max_new_tokens)
+    if per_row is None:
+        return 0
+    rows = int(MEMORY_SHARE * free_bytes(next(model.parameters()).device)) // per_row
+    return 0 if rows >= len(prompts) else max(rows, 1)
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,

@@ -129,7 +129,8 @@ class GRPOOptions:
     )
     generate_batch: int = option(
         0,
-        "grpo: completions generated together (0: a process's whole rollout at once); fewer bound generation's "
-        "memory (its key-value cache and logits) at some cost in speed; the completions are the same",
+        "grpo: completions generated together; 0: as many as fit in half the free memory (the GPU's, or the CPU's "
+        "available memory) by the model's key-value cache and a step's scores, a process's whole rollout at once "
+        "where it fits; fewer bound generation's memory at some cost in speed; the completions are the same",
         bounds="[0, inf)",
     )

@@ -29,7 +29,7 @@ from ...config import ConfigError, TrainConfig, first_line
 from ...data.splits import Splits
 from ...shape import DataShape
 from ..causal_lm.answers import Answers
-from ..causal_lm.generation import Completions, Sampling, completion_keys, generate, model_eos, stop_ids
+from ..causal_lm.generation import Completions, Sampling, completion_keys, fitting, generate, model_eos, stop_ids
 from ..causal_lm.logprobs import PromptCache, completion_logps, shares_prompts
 from ..causal_lm.prompts import prompt_ids
 from ..causal_lm.tools import check_parses, check_renders_tools, load_tools, schema_of
@@ -298,7 +298,8 @@ class GroupRelative(HFCausalLM):
         as conversations (tasks/grpo/turns.py), which are returned too."""
         if self.kit is None:
             prompts = [self.prompts[split].ids[r] for r in rows for _ in range(per_row)]
-            return generate(model, prompts, keys, self.sampling(), self.o.generate_batch, self.shared), None
+            chunk = self.o.generate_batch or fitting(model, prompts, self.sampling())
+            return generate(model, prompts, keys, self.sampling(), chunk, self.shared), None
         talks = [self.conversation(split, r) for r in rows for _ in range(per_row)]
         return converse(model, talks, keys, self.sampling(), self.kit, self.shared), talks
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..causal_lm.generation import MASK32, Completions, PromptCache, Sampling, generate, mix32
+from ..causal_lm.generation import MASK32, Completions, PromptCache, Sampling, fitting, generate, mix32
 from ..causal_lm.tools import parse_turn, run_call, tool_suffix
 
 
@@ -32,7 +32,7 @@ class Toolkit:
     positions: int  # the model's
     max_calls: int
     timeout: float
-    chunk: int = 0  # completions generated together (--generate-batch; 0: all)
+    chunk: int = 0  # completions generated together (--generate-batch; 0: as many as fit, generation.fitting)
 
 
 @dataclass
@@ -105,8 +105,11 @@ def converse(
         budgets = [min(sampling.max_new_tokens - talks[k].own, kit.positions - len(talks[k].prefix + talks[k].ids))
                    for k in active]  # fmt: skip
         these = None if keys is None else turn_keys(keys[torch.tensor(active)], turn)
-        done = generate(model, [talks[k].prefix + talks[k].ids for k in active], these,
-                        replace(sampling, max_new_tokens=max(budgets)), kit.chunk, shared)  # fmt: skip
+        prompts, turned = (
+            [talks[k].prefix + talks[k].ids for k in active],
+            replace(sampling, max_new_tokens=max(budgets)),
+        )
+        done = generate(model, prompts, these, turned, kit.chunk or fitting(model, prompts, turned), shared)
         for j, k in enumerate(active):
             ids = done.ids[j, done.width :][done.completion[j]].tolist()
             stopped = not bool(done.truncated[j]) and len(ids) <= budgets[j]
