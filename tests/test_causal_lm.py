@@ -269,3 +269,33 @@ def test_generation_reads_a_groups_prompt_once_and_writes_the_same_tokens(name, 
     hook.remove()
     assert torch.equal(plain.ids, once.ids) and torch.equal(plain.mask, once.mask)
     assert first_plain == 5 * 9 and reads[:2] == [2 * 8, 5]  # the prompts but their last tokens once, then 1 a row
+
+
+def test_the_check_takes_bf16s_rounding_and_refuses_a_leak(one_thread, monkeypatch):
+    """shares_prompts' tolerance (1e-3 of the scale) between bf16's rounding (this model under autocast: 3e-4, which
+    a tolerance of 1e-4 refused) and a leak: a shared pass that lets the completions attend to the prompts' padding
+    changes the log-probabilities by 3.5e-2 of their scale, and the check refuses it."""
+    from anytrain.tasks.causal_lm import logprobs
+    from anytrain.tasks.causal_lm.generation import Completions
+
+    model = tiny_causal_lm("llama", seed=2)
+    lmhead.install(model)
+    own = model.forward
+
+    def autocast(*args, **kwargs):  # as accelerate runs a bf16 model's forward
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return own(*args, **kwargs)
+
+    model.forward = autocast
+    shared, why = shares_prompts(lambda inputs: model(**inputs), model)
+    assert shared is not None, why
+    real = logprobs.shared_logps
+
+    def leaky(call, rows, *rest):
+        seen = Completions(rows.ids, torch.ones_like(rows.mask), rows.positions, rows.completion, rows.truncated,
+                           rows.width)  # fmt: skip
+        return real(call, seen, *rest)
+
+    monkeypatch.setattr(logprobs, "shared_logps", leaky)
+    shared, why = shares_prompts(lambda inputs: model(**inputs), model)
+    assert shared is None and why.startswith("its log-probabilities change by") and "(tolerance 0.001)" in why, why
