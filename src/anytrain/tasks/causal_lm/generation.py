@@ -130,6 +130,12 @@ class Completions:
         return [row[keep.bool()].tolist() for row, keep in zip(self.ids[:, self.width :], self.mask[:, self.width :])]
 
 
+def positions_of(mask: torch.Tensor) -> torch.Tensor:
+    """Each token's position from a row's attention mask: 0 at its first real token (0 on the padding before it), as
+    the log-probabilities and generate read every row."""
+    return (mask.cumsum(1) - 1).clamp(min=0)
+
+
 def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -220,7 +226,7 @@ def prompt_kv(call: Callable, ids: torch.Tensor, mask: torch.Tensor, shared: Pro
     row of its run (a gather: gradients flow back through it)."""
     firsts, run = runs
     head = {"input_ids": ids[firsts], "attention_mask": mask[firsts], "use_cache": True}
-    head |= {"position_ids": (mask[firsts].cumsum(1) - 1).clamp(min=0), **({shared.keep: 1} if shared.keep else {})}
+    head |= {"position_ids": positions_of(mask[firsts]), **({shared.keep: 1} if shared.keep else {})}
     cache = getattr(call(head), shared.kwarg)
     cache.batch_select_indices(run)
     return cache
@@ -298,7 +304,7 @@ def generate(
     ids, mask = ids.to(device), mask.to(device)
     try:
         out = cast(Any, model).generate(
-            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+            input_ids=ids, attention_mask=mask, position_ids=positions_of(mask),
             generation_config=config, logits_processor=LogitsProcessorList(processors),
             **prefilled(model, ids, mask, shared), **unrouted(inner),
         )  # fmt: skip
@@ -335,9 +341,8 @@ def read_back(out: torch.Tensor, prompt_mask: torch.Tensor, width: int, sampling
     completion = after == 0  # up to and with the first stop
     truncated = ~is_stop.any(1)
     mask = torch.cat([prompt_mask, completion.long()], 1)
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
     ids = torch.cat([out[:, :width], new.masked_fill(~completion, sampling.pad)], 1)
-    return Completions(ids, mask, positions, completion, truncated, width)
+    return Completions(ids, mask, positions_of(mask), completion, truncated, width)
 
 
 def joined(pieces: list[Completions], pad: int) -> Completions:
@@ -350,4 +355,4 @@ def joined(pieces: list[Completions], pad: int) -> Completions:
     ids = torch.cat([left(p.ids, p, pad) for p in pieces])
     mask = torch.cat([left(p.mask, p, 0) for p in pieces])
     completion, truncated = torch.cat([p.completion for p in pieces]), torch.cat([p.truncated for p in pieces])
-    return Completions(ids, mask, (mask.cumsum(1) - 1).clamp(min=0), completion, truncated, width)
+    return Completions(ids, mask, positions_of(mask), completion, truncated, width)

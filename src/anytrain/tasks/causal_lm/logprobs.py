@@ -23,7 +23,17 @@ from torch import nn
 
 from ...config import first_line
 from ...shape import IGNORE
-from .generation import Completions, PromptCache, Sampling, generate, prompt_cache, prompt_kv, prompt_runs, unwrapped
+from .generation import (
+    Completions,
+    PromptCache,
+    Sampling,
+    generate,
+    positions_of,
+    prompt_cache,
+    prompt_kv,
+    prompt_runs,
+    unwrapped,
+)
 
 
 def labels_from(ids: torch.Tensor, learned: torch.Tensor) -> torch.Tensor:
@@ -140,5 +150,4 @@ def probe_rows(vocabulary: int, device: torch.device) -> Completions:
     ids[:2, :6] = ids[0, :6]
     ids[2:, :6] = ids[2, :6]
     ids = ids.masked_fill(mask == 0, 0)
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
-    return Completions(ids, mask, positions, completion, torch.zeros(4, dtype=torch.bool), 6).to(device)
+    return Completions(ids, mask, positions_of(mask), completion, torch.zeros(4, dtype=torch.bool), 6).to(device)

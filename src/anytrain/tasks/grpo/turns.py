@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..causal_lm.generation import MASK32, Completions, PromptCache, Sampling, fitting, generate, mix32
+from ..causal_lm.generation import MASK32, Completions, PromptCache, Sampling, fitting, generate, mix32, positions_of
 from ..causal_lm.tools import parse_turn, run_call, tool_suffix
 
 
@@ -130,10 +130,8 @@ def assembled(talks: list[Conversation], pad: int, device: torch.device) -> Comp
         ids[k, start:end] = torch.tensor(talk.prefix + talk.ids, dtype=torch.long)
         mask[k, start:end] = 1
         learned[k, : len(talk.ids)] = torch.tensor(talk.learned, dtype=torch.bool)
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
     truncated = torch.tensor([t.truncated for t in talks], dtype=torch.bool)
-    return Completions(ids.to(device), mask.to(device), positions.to(device), learned.to(device),
-                       truncated.to(device), width)  # fmt: skip
+    return Completions(ids, mask, positions_of(mask), learned, truncated, width).to(device)
 
 
 def counts(talks: list[Conversation]) -> torch.Tensor:
