@@ -1,6 +1,6 @@
-"""Fingerprints of the final weights of seven reference runs, to prove a change left training untouched.
+"""Fingerprints of the final weights of eight reference runs, to prove a change left training untouched.
 
-    python scripts/fingerprints.py              # run the seven jobs, print their fingerprints
+    python scripts/fingerprints.py              # run the eight jobs, print their fingerprints
     python scripts/fingerprints.py --check      # ... and compare with tests/fingerprints.json (exit 1 on a difference)
     python scripts/fingerprints.py --record     # ... and store them there for this environment
     python scripts/fingerprints.py --jobs sft dpo dpo_ipo --tree ../old   # some jobs only, another checkout's train.py
@@ -14,7 +14,9 @@ The jobs, each through `accelerate launch` of the tree's src/train.py (--tree: t
   dpo          --task dpo --dataset preferences on it, 20 steps of 8 pairs, fp32: --dpo-loss sigmoid, the reference
                cached (every split's reference log-probabilities before step 0: most of its time)
   dpo_ipo      the same with --dpo-loss ipo --packing --reference live (a frozen copy beside the model)
-The three LLM jobs share one model: tests/hfmodels.py's tiny_llama(seed 0: 64 wide, 2 layers, ChatML), built offline
+  grpo         --task grpo --dataset sum-questions --reward answer on it, 6 steps of 2 prompts x 4 completions, fp32,
+               --kl-beta 0.04 (a frozen reference) and --grpo-iterations 2 (the old log-probabilities)
+The four LLM jobs share one model: tests/hfmodels.py's tiny_llama(seed 0: 64 wide, 2 layers, ChatML), built offline
 by a child process with this checkout's tests/ and src/ on its PYTHONPATH (no sys.path edit here: the rule of
 tests/test_task_defects.py), the same bytes from run to run and for every --tree. Each evaluates once, at its last
 step, on 1% of the rows (the greedy answers of 40 chats or 20 prompts).
@@ -121,6 +123,8 @@ def tiny_llama(folder: Path) -> Path:
 LLM = ["--val-fraction", "0.01", "--test-fraction", "0.01", "--batch-size", "8", "--log-every-steps", "1"]
 SFT = ["--dataset", "instructions", "--max-steps", "40", *LLM]  # fp32: cpu.yaml's mixed_precision "no"
 DPO = ["--task", "dpo", "--dataset", "preferences", "--max-steps", "20", *LLM]
+GRPO = ["--task", "grpo", "--dataset", "sum-questions", "--reward", "answer", "--max-steps", "6", *LLM, "--batch-size", "2",
+        "--num-generations", "4", "--max-new-tokens", "8", "--kl-beta", "0.04", "--grpo-iterations", "2"]  # fmt: skip
 
 
 def digits(tree: Path, root: Path) -> None:
@@ -160,6 +164,7 @@ JOBS = {
     "sft": llm("sft", *SFT),
     "dpo": llm("dpo", *DPO, "--dpo-loss", "sigmoid"),
     "dpo_ipo": llm("dpo_ipo", *DPO, "--dpo-loss", "ipo", "--packing", "--reference", "live"),
+    "grpo": llm("grpo", *GRPO),
 }
 
 

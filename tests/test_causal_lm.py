@@ -14,10 +14,10 @@ import torch
 from hfmodels import gpt2_tokenizer
 from zoo import tiny_causal_lm
 
-from anytrain import lmhead
 from anytrain.shape import IGNORE
 from anytrain.tasks.causal_lm.generation import Sampling, completion_keys, generate, prompt_runs, stop_ids
-from anytrain.tasks.causal_lm.logprobs import completion_logps, labels_from, shares_prompts
+from anytrain.tasks.causal_lm.head import LogpsRequest, head_of
+from anytrain.tasks.causal_lm.logprobs import bare, completion_logps, labels_from, shares_prompts
 
 pytest.importorskip("transformers")
 
@@ -52,7 +52,8 @@ def test_token_log_probabilities_at_a_temperature_are_the_full_logits_and_so_are
     model.config.use_cache = False
     if name == "mixtral":
         model.config.output_router_logits = False  # the log-probabilities alone, no load-balancing term
-    fused = lmhead.install(model) is None
+    model, why = head_of(model)
+    fused = why is None
     assert fused == (name != "gemma2")  # gemma 2's logits are softcapped: its own forward's
     reference = copy.deepcopy(model)
     ids, mask, learned = batch(model.config.vocab_size)
@@ -62,7 +63,7 @@ def test_token_log_probabilities_at_a_temperature_are_the_full_logits_and_so_are
         model.zero_grad()
         reference.zero_grad()
         inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
-        ours = model(**inputs, labels=labels_from(ids, learned), temperature=temperature).logps
+        ours = model(LogpsRequest(inputs, labels_from(ids, learned), temperature)).logps
         theirs = full_logps(reference, ids, mask, learned, temperature)
         assert ours.shape == ids.shape and ours.dtype == torch.float32
         assert torch.allclose(ours.double(), theirs, atol=2e-5), (ours - theirs).abs().max()
@@ -77,8 +78,7 @@ def test_padding_holds_zero_even_where_the_model_finds_the_pad_token_impossible(
     """A completion's padding gets no log-probability: nothing there for exp() to overflow (grpo's ratio and KL)."""
     from anytrain.tasks.causal_lm.generation import Completions
 
-    model = tiny_causal_lm("llama")
-    lmhead.install(model)
+    model = head_of(tiny_causal_lm("llama"))[0]
     with torch.no_grad():
         model.get_output_embeddings().weight[0] = -1e4  # the pad token (id 0): log-probability about -1e5
     ids, mask, learned = batch(model.config.vocab_size)
@@ -86,7 +86,7 @@ def test_padding_holds_zero_even_where_the_model_finds_the_pad_token_impossible(
     done = Completions(
         ids, mask, (mask.cumsum(1) - 1).clamp(min=0), learned[:, 7:], torch.zeros(2, dtype=torch.bool), 7
     )
-    logps = completion_logps(lambda inputs: model(**inputs), done, 0.7)
+    logps = completion_logps(bare(model), done, 0.7)
     assert logps.shape == (2, 5) and (logps[0, 3:] == 0).all() and torch.isfinite(logps).all()
     assert (logps[0, :3] < 0).all()
 
@@ -190,12 +190,12 @@ def test_a_prompt_read_once_for_its_group_gives_the_same_log_probabilities_and_g
     model = tiny_causal_lm(name)
     if name == "mixtral":
         model.config.output_router_logits = False  # the log-probabilities alone, no load-balancing term
-    lmhead.install(model)
+    model = head_of(model)[0]
     reads: list[int] = []
 
-    def call(inputs):
-        reads.append(inputs["input_ids"].numel())
-        return model(**inputs)
+    def call(given):
+        reads.append((given.inputs if isinstance(given, LogpsRequest) else given)["input_ids"].numel())
+        return bare(model)(given)
 
     shared, why = shares_prompts(call, model)
     assert shared is not None and "each distinct prompt read once" in why, why
@@ -221,12 +221,13 @@ def test_a_prompt_read_once_for_its_group_gives_the_same_log_probabilities_and_g
 def test_a_model_that_cannot_read_a_prompt_once_is_said_so(one_thread):
     """Mamba keeps a state, not a key-value cache to repeat; gradient checkpointing would recompute the blocks with
     the cache: both read every row whole, and the check says why."""
-    mamba = tiny_causal_lm("mamba")
-    shared, why = shares_prompts(lambda inputs: mamba(**inputs), mamba)
+    mamba = head_of(tiny_causal_lm("mamba"))[0]
+    shared, why = shares_prompts(bare(mamba), mamba)
     assert shared is None and why.startswith("its forward with a key-value cache failed: AttributeError"), why
     llama = tiny_causal_lm("llama")
     llama.gradient_checkpointing_enable()
-    shared, why = shares_prompts(lambda inputs: llama(**inputs), llama)
+    llama = head_of(llama)[0]
+    shared, why = shares_prompts(bare(llama), llama)
     assert shared is None and why == "gradient checkpointing recomputes the blocks, and a key-value cache with them"
     alone = grouped_rows(400).rows(torch.tensor([0, 3, 4]))
     assert prompt_runs(alone.ids[:, :7], alone.mask[:, :7]) is None  # no prompt shared: nothing to do
@@ -237,8 +238,7 @@ def test_a_prompt_padded_on_the_left_generates_what_it_generates_alone(one_threa
     signature from transformers, which then counted positions from the padding, so a model whose positions are not
     relative (XGLM's sinusoids; the zoo's others take them from the mask or are relative) read a padded prompt at
     other positions than its log-probabilities were taken at, and wrote other tokens."""
-    model = tiny_causal_lm("xglm")
-    lmhead.install(model)
+    model = head_of(tiny_causal_lm("xglm"))[0]
     sampling = Sampling(max_new_tokens=5, stops=(0,), pad=0)
     short, long = [5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]
     together = generate(model, [long, short], None, sampling)
@@ -251,9 +251,8 @@ def test_generation_reads_a_groups_prompt_once_and_writes_the_same_tokens(name, 
     """generate with `shared`: each distinct prompt but its last token read once, its cache repeated to its rows,
     then transformers' generate goes on from it: the same sampled tokens (keyed noise), the prompts' tokens read
     once (the first call's tokens counted)."""
-    model = tiny_causal_lm(name)
-    lmhead.install(model)
-    shared, why = shares_prompts(lambda inputs: model(**inputs), model)
+    model = head_of(tiny_causal_lm(name))[0]
+    shared, why = shares_prompts(bare(model), model)
     assert shared is not None, why
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(1, 400, (n,), generator=g).tolist() for n in (9, 5)]
@@ -261,7 +260,8 @@ def test_generation_reads_a_groups_prompt_once_and_writes_the_same_tokens(name, 
     keys = completion_keys(7, 0, 0, torch.tensor([0, 1]), 3)[:5]
     sampling = Sampling(max_new_tokens=6, stops=(0,), pad=0, temperature=0.9)
     reads: list[int] = []
-    hook = model.register_forward_pre_hook(lambda m, a, k: reads.append(k["input_ids"].numel()), with_kwargs=True)
+    count = lambda m, a, k: reads.append(k["input_ids"].numel())  # noqa: E731 - generate calls the model itself
+    hook = model.wrapped.register_forward_pre_hook(count, with_kwargs=True)
     plain = generate(model, prompts, keys, sampling)
     first_plain = reads[0]
     reads.clear()
@@ -278,8 +278,7 @@ def test_the_check_takes_bf16s_rounding_and_refuses_a_leak(one_thread, monkeypat
     from anytrain.tasks.causal_lm import logprobs
     from anytrain.tasks.causal_lm.generation import Completions
 
-    model = tiny_causal_lm("llama", seed=2)
-    lmhead.install(model)
+    model = head_of(tiny_causal_lm("llama", seed=2))[0]
     own = model.forward
 
     def autocast(*args, **kwargs):  # as accelerate runs a bf16 model's forward
@@ -287,7 +286,7 @@ def test_the_check_takes_bf16s_rounding_and_refuses_a_leak(one_thread, monkeypat
             return own(*args, **kwargs)
 
     model.forward = autocast
-    shared, why = shares_prompts(lambda inputs: model(**inputs), model)
+    shared, why = shares_prompts(bare(model), model)
     assert shared is not None, why
     real = logprobs.shared_logps
 
@@ -297,5 +296,5 @@ def test_the_check_takes_bf16s_rounding_and_refuses_a_leak(one_thread, monkeypat
         return real(call, seen, *rest)
 
     monkeypatch.setattr(logprobs, "shared_logps", leaky)
-    shared, why = shares_prompts(lambda inputs: model(**inputs), model)
+    shared, why = shares_prompts(bare(model), model)
     assert shared is None and why.startswith("its log-probabilities change by") and "(tolerance 0.001)" in why, why

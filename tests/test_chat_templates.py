@@ -17,7 +17,7 @@ from textdata import write_jsonl
 
 from anytrain.config import ConfigError
 from anytrain.data import instructions
-from anytrain.tasks.hf_sft.chats import Renderer, tokenise
+from anytrain.tasks.causal_lm.chats import Renderer, tokenise
 
 pytest.importorskip("transformers")
 

@@ -39,12 +39,15 @@ def test_a_task_missing_a_required_method_or_a_capability_is_refused_in_one_line
     class Smooth(Classification):
         name = "smooth"
 
-    given = {m: lambda *a: None for m in [*REQUIRED, "example_targets"]}
+    given = {m: lambda *a: None for m in [*REQUIRED, "example_targets", "per_sample"]}
     del_loss = type("NoLoss", (Task,), {"name": "x", **given})
     with pytest.raises(ConfigError, match=r"^--task f.py:NoLoss: NoLoss does not define the required method loss$"):
         check(del_loss, "--task f.py:NoLoss")
     own_step = type("OwnStep", (Task,), {"name": "x", **{m: lambda *a: None for m in [*REQUIRED, "train_step"]}})
-    check(own_step, "--task f.py:OwnStep")  # its own step: neither loss nor example_targets (issue 46)
+    with pytest.raises(ConfigError, match=r"OwnStep does not define the required method per_sample$"):
+        check(own_step, "--task f.py:OwnStep")  # its own step: neither loss nor example_targets, but an evaluation
+    own_eval = type("OwnEval", (own_step,), {"eval_batch": lambda *a: None})
+    check(own_eval, "--task f.py:OwnEval")  # its own evaluation too: no per_sample
     check(Smooth, "--task f.py:Smooth")
     Smooth.offers = frozenset({"predict", "sample"})
     with pytest.raises(ConfigError, match=r"Smooth offers sample but does not define sample$"):
@@ -276,17 +279,26 @@ def test_no_task_re_points_a_parents_method():
                     raise AssertionError(f"{key}: {klass.__name__}.{name} is {function.__qualname__}")
 
 
-def test_tasks_and_data_read_no_accelerate_global_state():
-    """Where a task runs (processes, rank, device, precision) is given to it before its data is read (task.run,
-    contract.RunFacts); nothing under tasks/ or data/ reaches for accelerate's global state."""
-    found = [
-        f"{path.relative_to(SRC)}: {name}"
-        for folder in ("tasks", "data")
-        for path in sorted((SRC / folder).rglob("*.py"))
-        for name in ("accelerate.state", "PartialState", "AcceleratorState")
-        if name in path.read_text()
-    ]
-    assert not found, found
+def test_tasks_and_data_read_no_accelerate_global_state_nor_the_environment():
+    """Where a task runs (processes and those on this machine, rank, device, precision, sharding) is given to it before
+    its data is read (task.run, contract.RunFacts, made from the accelerator where the run starts); nothing under
+    tasks/ or data/ reaches for accelerate's global state or the launcher's environment (ast: names and attributes,
+    not text)."""
+    found = []
+    for folder in ("tasks", "data"):
+        for path in sorted((SRC / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module, *(a.name for a in node.names)]
+                elif isinstance(node, ast.Attribute):
+                    names = [node.attr] + ([f"os.{node.attr}"] if isinstance(node.value, ast.Name) else [])
+                elif isinstance(node, ast.Name):
+                    names = [node.id]
+                bad = {"accelerate.state", "PartialState", "AcceleratorState", "os.environ", "os.getenv"} & set(names)
+                where = f"{path.relative_to(SRC)}:{node.lineno if bad else 0}"
+                found += [f"{where} {n}" for n in sorted(bad) if not where.startswith("tasks/contract.py")]
+    assert not found, found  # contract.py's RunFacts.of reads LOCAL_WORLD_SIZE: the launcher's, made a run fact
 
 
 def test_a_task_knows_where_it_runs_before_its_data_is_read(monkeypatch):
@@ -301,20 +313,55 @@ def test_a_task_knows_where_it_runs_before_its_data_is_read(monkeypatch):
     assert make_task(TrainConfig(), "classify").run == RunFacts()  # outside a launch: one process on the CPU
 
 
-def test_the_causal_lm_tasks_compose_one_core_rather_than_stand_in_a_tower():
-    """Issue 46: no registered task stands on more than three of anytrain's task classes (contract.Task not counted);
-    every causal-LM task builds its model with the one build_model; a transformers model is generated from in two
-    functions at most (the causal-LM core's and seq2seq's); no task assigns a model's forward (lmhead.install is
-    the one hook)."""
-    for key, cls in classes().items():
-        ours = [c.__name__ for c in cls.__mro__ if issubclass(c, Task) and c is not Task]
-        assert len(ours) <= 3, (key, ours)
-        head = getattr(cls, "head", None)
-        if head is not None and head.auto_class == "AutoModelForCausalLM":
-            from anytrain.tasks.transformers import Transformers
+BASES = ("__init__", "contract", "base", "settle", "transformers", "labelled", "causal_lm")  # tasks/: not tasks
 
-            assert cls.build_model is Transformers.build_model, key
-    callers, assigners = [], []
+
+def task_unit(module: str) -> str | None:
+    """The task a module of anytrain.tasks belongs to (its top-level module or folder), None for a base."""
+    parts = module.split(".")
+    if parts[:2] != ["anytrain", "tasks"]:
+        return None
+    unit = parts[2] if len(parts) > 2 else "__init__"
+    return None if unit in BASES else unit
+
+
+def test_no_task_imports_another_task():
+    """What two tasks share lives in a base (BASES: causal_lm/ for the causal LMs, labelled.py for the labelled
+    tasks, contract, base, settle, transformers): on the import graph (ast), no module of a task imports a module
+    of another task."""
+    crossings = [
+        f"{name} -> {target}"
+        for name, targets in sorted(module_graph().items())
+        for target in sorted(targets)
+        if task_unit(name) and task_unit(target) and task_unit(target) != task_unit(name)
+    ]
+    assert not crossings, crossings
+
+
+def test_the_causal_lm_methods_stand_side_by_side_on_one_base():
+    """hf:lm, sft, dpo and grpo stand on causal_lm.task.CausalLM, none on another (at most one mixin between:
+    NextTokenLoss for the two that train on the next token); each builds its model with the base's build_model;
+    reward stands on the classifiers' Transformers. A transformers model is generated from in two functions at
+    most (the causal-LM base's and seq2seq's), and dpo and grpo, which own their step, keep no default-step
+    members (loss and example_targets; dpo's loss is its formula)."""
+    from anytrain.tasks.causal_lm.task import CausalLM
+    from anytrain.tasks.transformers import Transformers
+
+    registry = classes()
+    for key in ("hf:lm", "hf:sft", "hf:dpo", "hf:grpo"):
+        cls = registry[key]
+        ours = [c for c in cls.__mro__[1:] if issubclass(c, Task) and c not in (Task, CausalLM)]
+        assert CausalLM in cls.__mro__ and [c.__name__ for c in ours] in ([], ["NextTokenLoss"]), (key, ours)
+        assert cls.build_model is CausalLM.build_model, key
+    reward = registry["hf:reward"]
+    assert issubclass(reward, Transformers) and not issubclass(reward, CausalLM)
+    for key, kept in (("hf:dpo", {"loss"}), ("hf:grpo", set())):
+        cls = registry[key]
+        assert (
+            owns_step(cls)
+            and {m for m in ("loss", "example_targets") if getattr(cls, m) is not getattr(Task, m)} <= kept
+        ), key
+    callers = []
     for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef):
@@ -322,11 +369,38 @@ def test_the_causal_lm_tasks_compose_one_core_rather_than_stand_in_a_tower():
                 on_models = [c for c in calls if not (isinstance(c.func.value, ast.Name) and c.func.value.id == "self")]
                 if any(c.func.attr == "generate" for c in on_models):
                     callers.append(f"{path.relative_to(SRC)}:{node.name}")
-            if isinstance(node, ast.Assign) and "tasks" in path.relative_to(SRC).parts:
-                assigners += [path.name for t in node.targets if isinstance(t, ast.Attribute) and t.attr == "forward"]
-    for key, kept in (("hf:dpo", "loss"), ("hf:grpo", "")):  # they own their step, which the start-up check runs:
-        cls = classes()[key]  # no example targets (nor grpo a loss) for it; dpo's loss is its formula, its step's own
-        assert owns_step(cls) and {"loss", "example_targets", "example_table"} & set(vars(cls)) <= {kept}, key
     model_calls = [c for c in callers if not c.startswith("gpt.py")]  # gpt.py: the built-in GPT, not transformers
     assert model_calls == ["tasks/causal_lm/generation.py:generate", "tasks/hf_seq2seq/__init__.py:generate"], callers
-    assert not assigners, assigners
+
+
+def test_no_model_is_given_an_assigned_forward():
+    """Log-probabilities and the fused loss come from a module's own forward (causal_lm/head.py: CausalLMHead), never
+    from a forward assigned to a model: the one `.forward =` in src is scenario.py's precision wrapper, which does
+    what accelerate's own prepare does."""
+    assigned = [
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path in sorted(SRC.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and target.attr == "forward"
+    ]
+    assert [a.split(":")[0] for a in assigned] == ["scenario.py"], assigned
+
+
+def test_the_run_facts_say_the_local_processes_and_whether_weights_are_sharded(monkeypatch):
+    """RunFacts.of: the launcher's processes on this machine (LOCAL_WORLD_SIZE, which image loaders size their workers
+    by) and whether the run shards its weights (FSDP, DeepSpeed: the fused output layer then stays the model's own)."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from anytrain.tasks.contract import RunFacts
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    fake = dict(num_processes=6, process_index=4, device="cuda:1", mixed_precision="bf16", print=print)
+    facts = RunFacts.of(SimpleNamespace(**fake, distributed_type=DistributedType.FSDP))  # type: ignore[arg-type]
+    assert (facts.processes, facts.local_processes, facts.rank, facts.shards) == (6, 3, 4, True)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    facts = RunFacts.of(SimpleNamespace(**fake, distributed_type=DistributedType.MULTI_GPU))  # type: ignore[arg-type]
+    assert (facts.local_processes, facts.shards) == (1, False)

@@ -110,7 +110,7 @@ def test_a_reward_models_loss_is_bradley_terry():
 def encoded(tokenizer, rows: list[dict], form: str, packed: int = 0):
     import datasets
 
-    from anytrain.tasks.dpo.pairs import PairRenderer, PairRows, encode
+    from anytrain.tasks.causal_lm.pairs import PairRenderer, PairRows, encode
 
     ds, _ = encode(datasets.Dataset.from_list(rows), PairRenderer(form, tokenizer, "rows", "train"), 128)
     ids, answers = [s for p in ds["ids"] for s in p], [s for p in ds["answers"] for s in p]
@@ -175,7 +175,7 @@ def test_implicit_text_pairs_score_every_answer_token_of_a_byte_level_bpe(folder
     token): every token holding a character of the answer is the answer's, so none of it is lost."""
     from transformers import AutoTokenizer
 
-    from anytrain.tasks.dpo.pairs import text_split
+    from anytrain.tasks.causal_lm.pairs import text_split
 
     tokenizer = AutoTokenizer.from_pretrained(folders["llama"])  # GPT-2's byte-level BPE (tests/hfmodels.py)
     tokenizer.pad_token = tokenizer.eos_token
@@ -212,11 +212,11 @@ def test_an_explicit_text_prompt_ending_in_a_space_scores_the_answers_first_toke
 
 def sequence_log_probs(model, rows, weights: torch.Tensor):
     """The pairs' table through the causal-LM core, and the gradients of sum(weights x log-probabilities)."""
-    from anytrain.tasks.causal_lm.logprobs import sequence_logps
+    from anytrain.tasks.causal_lm.logprobs import bare, sequence_logps
 
     model.zero_grad()
-    inputs, _ = rows.__getitems__(list(range(len(rows))))
-    table = sequence_logps(lambda batch: model(**batch), inputs)
+    inputs = rows.__getitems__(list(range(len(rows)))).inputs
+    table = sequence_logps(bare(model), inputs)
     (table[:, 0] * weights).sum().backward()
     return table.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -224,19 +224,18 @@ def sequence_log_probs(model, rows, weights: torch.Tensor):
 def test_fused_log_probabilities_equal_the_full_logits_and_packed_equal_padded(folders):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from anytrain import lmhead
+    from anytrain.tasks.causal_lm.head import head_of
 
     tokenizer = AutoTokenizer.from_pretrained(folders["llama"])
     tokenizer.pad_token = tokenizer.eos_token
     rows = preferences.rows(6, seed=1)
     padded, packed = encoded(tokenizer, rows, "explicit"), encoded(tokenizer, rows, "explicit", packed=256)
     plain = AutoModelForCausalLM.from_pretrained(folders["llama"])
-    fused = AutoModelForCausalLM.from_pretrained(folders["llama"])
-    lmhead.install(fused)
+    fused = head_of(AutoModelForCausalLM.from_pretrained(folders["llama"]))[0]
     weights = torch.linspace(-1, 2, 12)
     table, grads = sequence_log_probs(fused, padded, weights)
     packed_table, packed_grads = sequence_log_probs(fused, packed, weights)
-    inputs, _ = padded.__getitems__(list(range(6)))  # the full logits, the textbook way
+    inputs = padded.__getitems__(list(range(6))).inputs  # the full logits, the textbook way
     logits = plain(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits[:, :-1].float()
     labels = inputs["labels"][:, 1:]
     token = logits.log_softmax(-1).gather(2, labels.clamp(min=0)[..., None])[..., 0] * (labels != -100)
@@ -257,30 +256,29 @@ def test_the_lora_reference_is_the_base_models_own_log_probabilities(folders):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from anytrain import lmhead
-    from anytrain.tasks.causal_lm.logprobs import sequence_logps
+    from anytrain.tasks.causal_lm.head import head_of
+    from anytrain.tasks.causal_lm.logprobs import bare, sequence_logps
+    from anytrain.tasks.causal_lm.reference import Reference
     from anytrain.tasks.dpo.task import DirectPreference
 
     tokenizer = AutoTokenizer.from_pretrained(folders["llama"])
     tokenizer.pad_token = tokenizer.eos_token
     rows = encoded(tokenizer, preferences.rows(4, seed=2), "explicit")
-    base = AutoModelForCausalLM.from_pretrained(folders["llama"])
-    lmhead.install(base)
+    base = head_of(AutoModelForCausalLM.from_pretrained(folders["llama"]))[0]
     model = AutoModelForCausalLM.from_pretrained(folders["llama"])
-    lmhead.install(model)
-    model = get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    model = head_of(get_peft_model(model, LoraConfig(r=8, target_modules=["q_proj", "v_proj"])))[0]
     torch.manual_seed(0)
     for name, p in model.named_parameters():
         if "lora_B" in name:  # a trained adapter: not zero
             p.data.normal_(0, 0.5)
     task = DirectPreference.__new__(DirectPreference)  # the step's parts alone, no run around them
-    task.reference, task.frozen, task.autocast = "adapter", None, contextlib.nullcontext
+    task.reference, task.autocast = Reference("adapter"), contextlib.nullcontext
     batch = rows.__getitems__(list(range(4)))  # a typed batch: the inputs and the pairs' reference (not cached: NaN)
     assert type(batch).__name__ == "PairBatch" and batch.reference.shape == (4, 2) and batch.reference.isnan().all()
     inputs = batch.inputs
-    table = task.table(lambda batch: model(**batch), inputs, model)
+    table = task.table(bare(model), inputs, model)
     with torch.no_grad():
-        own = sequence_logps(lambda batch: base(**batch), inputs)
+        own = sequence_logps(bare(base), inputs)
     assert (table[:, 2] - own[:, 0]).abs().max() < 1e-5  # the reference: the adapter off
     assert (table[:, 0] - own[:, 0]).abs().max() > 1e-2  # the policy: the adapter on
     assert table.requires_grad

@@ -13,7 +13,7 @@ from hfchecks import loss_and_grads
 from hfmodels import tiny_gpt2, tiny_llama
 from textdata import texts
 
-from anytrain import lmhead
+from anytrain.tasks.causal_lm import head as lmhead
 
 transformers = pytest.importorskip("transformers")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -34,7 +34,8 @@ def test_the_fused_loss_on_cuda_is_the_models_own(kind, precision, tmp_path, mon
     monkeypatch.setattr(lmhead, "MIN_CHUNK", 10)  # chunks smaller than a row
     own = cuda_model(kind, tmp_path / kind)
     fused = copy.deepcopy(own)
-    assert lmhead.install(fused) is None
+    fused, why = lmhead.head_of(fused)
+    assert why is None
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, own.config.vocab_size, (4, 24), generator=g).cuda()
     labels = ids.clone()

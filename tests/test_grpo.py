@@ -26,7 +26,7 @@ from conftest import kill_and_resume, launch, max_abs_diff, read_metrics, read_s
 from hfchecks import in_process
 from hfmodels import tiny_bert_mlm, tiny_llama
 
-from anytrain import lmhead, load_model
+from anytrain import load_model
 from anytrain.config import ConfigError, TrainConfig
 from anytrain.tasks.causal_lm.generation import (
     NoisyScores,
@@ -37,7 +37,8 @@ from anytrain.tasks.causal_lm.generation import (
     left_padded,
     read_back,
 )
-from anytrain.tasks.causal_lm.logprobs import completion_logps
+from anytrain.tasks.causal_lm.head import head_of
+from anytrain.tasks.causal_lm.logprobs import bare, completion_logps
 from anytrain.tasks.grpo import loss as objective
 from anytrain.tasks.grpo.rewards import Reward, load_rewards, scores, total
 from anytrain.tasks.grpo.task import GroupRelative
@@ -106,8 +107,7 @@ def folders(tmp_path_factory):
 def model(folders):
     m = transformers.AutoModelForCausalLM.from_pretrained(folders["model"])
     m.config.use_cache = False  # as anytrain trains it: generate turns its cache on itself
-    lmhead.install(m)  # the per-token log-probabilities, as anytrain builds a causal LM
-    return m
+    return head_of(m)[0]  # the per-token log-probabilities, as anytrain trains a causal LM
 
 
 def args(folders, *flags: str) -> list[str]:
@@ -213,7 +213,7 @@ def test_training_reads_the_log_probabilities_generate_sampled_from(folders, mod
             output_logits=True, **extra,
         )  # fmt: skip
         done = read_back(out.sequences, mask, ids.shape[1], s)
-        ours = completion_logps(lambda inputs: model(**inputs), done, 1.0)
+        ours = completion_logps(bare(model), done, 1.0)
     theirs = torch.stack(out.logits, 1).float().log_softmax(-1)
     picked = theirs.gather(-1, done.ids[:, ids.shape[1] :][:, : theirs.shape[1], None]).squeeze(-1)
     keep = done.completion[:, : theirs.shape[1]]

@@ -128,8 +128,7 @@ def test_auto_workers_give_images_a_worker_only_where_it_has_a_core(monkeypatch)
     assert auto_image_workers() == 0  # 2 cores, 2 torch threads: a worker would only slow the step
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     assert auto_image_workers() == 1
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert auto_image_workers() == 0  # 4 processes x 2 threads fill the 8 cores
+    assert auto_image_workers(local_processes=4) == 0  # 4 processes x 2 threads fill the 8 cores
 
 
 def test_augmentation_is_a_function_of_seed_epoch_and_index(gray):

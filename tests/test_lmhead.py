@@ -1,4 +1,4 @@
-"""The fused loss of a causal LM (src/anytrain/lmhead.py, issue 28's memory goal): the output layer and the
+"""The fused loss of a causal LM (src/anytrain/tasks/causal_lm/head.py): the output layer and the
 cross-entropy a chunk of tokens at a time, so no batch x length x vocabulary logits exist in training.
 
 Against the model's own loss (transformers' ForCausalLM loss over the full logits), on the tiny GPT-2 (output
@@ -18,7 +18,7 @@ import torch
 from hfmodels import tiny_gpt2, tiny_llama
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from anytrain import lmhead
+from anytrain.tasks.causal_lm import head as lmhead
 from anytrain.tasks.hf_lm import HFCausalLM
 
 transformers = pytest.importorskip("transformers")
@@ -33,7 +33,8 @@ def pair(request, tmp_path_factory):
     own = transformers.AutoModelForCausalLM.from_pretrained(make(tmp_path_factory.mktemp(request.param)))
     own.config.use_cache = False
     fused = copy.deepcopy(own)
-    assert lmhead.install(fused) is None
+    fused, why = lmhead.head_of(fused)
+    assert why is None
     return own, fused
 
 
@@ -143,8 +144,11 @@ def test_a_model_whose_logits_are_rescaled_keeps_its_own_loss(pair):
     own, _ = pair
     model = copy.deepcopy(own)
     model.config.final_logit_softcapping = 30.0
-    assert lmhead.install(model) == "its logits are rescaled (final_logit_softcapping)"
+    model, why = lmhead.head_of(model)
+    assert why == "its logits are rescaled (final_logit_softcapping)"
+    assert lmhead.why_not(own, shards=True) == "FSDP and DeepSpeed shard the output layer"  # a run fact (RunFacts)
+    assert lmhead.why_not(own) is None
     ids = torch.randint(0, 400, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # given labels, the model's own forward: its own loss from its full (softcapped) logits
-        ours, theirs = model(input_ids=ids, labels=ids), type(model).forward(model, input_ids=ids, labels=ids)
+        ours, theirs = model(input_ids=ids, labels=ids), model.wrapped(input_ids=ids, labels=ids)
     assert not isinstance(ours, lmhead.FusedOutput) and torch.equal(ours.loss, theirs.loss)

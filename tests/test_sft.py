@@ -33,8 +33,8 @@ from textdata import write_jsonl
 from anytrain.data import instructions
 from anytrain.data.packing import PackedRows
 from anytrain.sample import sample
+from anytrain.tasks.causal_lm.chats import ChatRows, Renderer, tokenise
 from anytrain.tasks.hf_sft import SupervisedFineTuning
-from anytrain.tasks.hf_sft.chats import ChatRows, Renderer, tokenise
 
 pytest.importorskip("transformers")
 

@@ -21,7 +21,7 @@ from textdata import write_jsonl
 from anytrain.config import ConfigError
 from anytrain.shape import IGNORE
 from anytrain.tasks.causal_lm.answers import last_answer
-from anytrain.tasks.hf_sft.chats import MESSAGES, Renderer, tokenise
+from anytrain.tasks.causal_lm.chats import MESSAGES, Renderer, tokenise
 
 pytest.importorskip("transformers")
 

@@ -49,7 +49,8 @@ REPO_DIRS = ("tests", "benchmarks", "scripts", "examples", "docs", "src")
 def stale_mentions(text: str) -> list[str]:
     """The file names a module's text mentions that name no file: data/X.py and tasks/X.py under
     src/anytrain (and config/X.py), anytrain/... under src, tests/..., benchmarks/... (and the other top folders)
-    under the repository, and a bare X.py a file of src (train.py), src/anytrain, its data/, tasks/ or config/."""
+    under the repository, and a bare X.py a file of src (train.py), src/anytrain, its data/, tasks/ (and the causal-LM
+    base, tasks/causal_lm/) or config/."""
     missing = []
     for found in re.findall(r"\b(?:data|tasks|config)/[a-z_]+\.py\b", text):
         if not (SRC / found).is_file():
@@ -62,7 +63,8 @@ def stale_mentions(text: str) -> list[str]:
             missing.append(found)
     for found in re.findall(r"(?<![\w/.])[a-z_]\w*\.py\b", text):
         if found not in PLACEHOLDERS and not any(
-            (d / found).is_file() for d in (SRC.parent, SRC, SRC / "data", SRC / "tasks", SRC / "config")
+            (d / found).is_file()
+            for d in (SRC.parent, SRC, SRC / "data", SRC / "tasks", SRC / "tasks" / "causal_lm", SRC / "config")
         ):
             missing.append(found)
     return missing
@@ -84,7 +86,7 @@ def test_the_file_check_sees_what_it_looks_for():
         "textmodels.py",
     ]
     assert (
-        stale_mentions("tasks/hf_tag/tagging.py, tasks/hf_lm.py, lmhead.py, tests/test_hf_tag.py, path/to/file.py:f")
+        stale_mentions("tasks/hf_tag/tagging.py, tasks/hf_lm.py, head.py, tests/test_hf_tag.py, path/to/file.py:f")
         == []
     )
 
@@ -93,6 +95,7 @@ AMBIGUOUS = {  # module names that comments also use for other things: config se
     "anytrain",  # its names are imported on first use (anytrain.train)
     "config",  # config.json
     "data",  # cfg.data.label_column
+    "head",  # a transformers task's hf.Head (head.name), and tasks/causal_lm/head.py
     "loss",  # a loss tensor's attributes (loss.dtype), and tasks/grpo/loss.py
     "optim",  # cfg.optim.lr
     "shape",  # shape.pad_id, a DataShape's

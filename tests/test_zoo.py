@@ -18,10 +18,11 @@ from hfmodels import gpt2_tokenizer
 from textdata import texts, write_jsonl
 from zoo import ARCHITECTURES, MOE, save_tiny, tiny_causal_lm
 
-from anytrain import lmhead, packed
+from anytrain import packed
 from anytrain.config import ConfigError
 from anytrain.data.packing import PackedRows
 from anytrain.shape import IGNORE
+from anytrain.tasks.causal_lm import head as lmhead
 
 pytest.importorskip("transformers")
 
@@ -35,8 +36,7 @@ def prepared(name: str, **overrides):
     model.config.use_cache = False
     for key, value in overrides.items():
         setattr(model.config, key, value)
-    lmhead.install(model)
-    return model
+    return lmhead.head_of(model)[0]
 
 
 def loss_sum_and_grads(model, inputs: dict, targets: torch.Tensor, count: int) -> tuple[float, dict]:

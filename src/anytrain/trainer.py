@@ -323,7 +323,8 @@ def prepare_parts(context: RunContext, task: Task, data: Splits, reason: str, re
     cfg, accelerator, model = context.cfg, context.accelerator, context.model
     optimizer = build_optimizer(cfg.optim, model, accelerator.device.type)
     splits = [split for split in (data.train, data.validation, data.test) if split is not None]
-    loaders = [make_loader(split, cfg, shuffle=split is data.train) for split in splits]
+    local = task.run.local_processes  # they share this machine's cores (image decoding workers)
+    loaders = [make_loader(split, cfg, shuffle=split is data.train, local_processes=local) for split in splits]
     # Moves the model to the device, wraps it for DDP/FSDP, mixed precision, torch.compile; shards the loaders by rank.
     model, optimizer, *loaders = prepare(accelerator, model, optimizer, *loaders)  # + FSDP2's autocast
     split_as_it_falls(loaders[0])  # the last, short round of batches over the processes as it falls: no row twice
@@ -333,7 +334,7 @@ def prepare_parts(context: RunContext, task: Task, data: Splits, reason: str, re
     described = {
         "task_reason": reason,
         "model": model_name(cfg.model, data.shape),
-        "num_workers": loader_workers(data.train, cfg),
+        "num_workers": loader_workers(data.train, cfg, task.run.local_processes),
         **task.describe_data(model_of(accelerator, model)),
     }
     progress = Progress(config=cfg.to_dict(), data=described)
@@ -492,11 +493,15 @@ class Loop:
         # Each batch's weight in its step: its rows' (or a step_shares task's target tokens') share of the step's.
         counts = parts.task.step_counts(epoch) if parts.task.step_shares else None
         weights = epoch_weights(loader, epoch, counts, self.cfg.optim.grad_accum_steps)
-        done = progress.batches_done
+        done, accum = progress.batches_done, self.cfg.optim.grad_accum_steps
+        length = epoch_batches(loader) or math.inf  # a stream's: its cycles are all whole until it runs out
         batches = parts.accelerator.skip_first_batches(loader, done) if done else loader
         for k, batch in enumerate(batches, start=done):
             mine = Weight(None, 1.0) if weights is None else weights[k]  # a stream: each batch its own mean
-            yield batch, replace(parts.context, epoch=epoch, step=progress.step, share=mine.share, weight=mine.weight)
+            micro = k % accum  # its place in the step's accumulation cycle, the last cycle as long as it is
+            cycle = int(min(accum, length - (k - micro)))
+            yield batch, replace(parts.context, epoch=epoch, step=progress.step, share=mine.share, weight=mine.weight,
+                                 micro=micro, micro_batches=cycle)  # fmt: skip
 
     def step_done(self) -> None:
         """An optimizer step is complete: advance the schedule (unless fp16 skipped the update), the count, the bar."""

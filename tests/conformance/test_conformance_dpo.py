@@ -63,11 +63,23 @@ def text_pairs(shared: bool) -> list[dict]:
     return rows[: ROWS + 2]
 
 
+MERGING = [  # the prompt's last token joins the chosen answer's first characters, not the rejected one's
+    ("Q: Is it? A: what.", "Q: Is it? A: wh."),  # " w" "hat" against " w" "h": TRL's rejected answer is "h", ".", end
+    ("Q: Where? A: Our house.", "Q: Where? A: Ou."),
+    ("Q: Who? A: us.", "Q: Who? A: u."),
+    ("Q: And? A: Use it.", "Q: And? A: Us."),
+    ("Q: Hi? A: It is course.", "Q: Hi? A: It is co."),
+    ("Q: Why? A: Because.", "Q: Why? A: Be."),
+]
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("conform_dpo")
     out = {"model": save_tiny("qwen2", root / "qwen2", chat_tokenizer())}
-    sets = {"chats": preferences.rows(ROWS + 2, seed=3), "implicit": text_pairs(False), "shared": text_pairs(True)}
+    merging = [{"chosen": chosen, "rejected": rejected} for chosen, rejected in MERGING]
+    sets = {"chats": preferences.rows(ROWS + 2, seed=3), "implicit": text_pairs(False), "shared": text_pairs(True),
+            "merging": merging}  # fmt: skip
     for name, rows in sets.items():
         (root / name).mkdir()
         for split, part in (("train", rows[:ROWS]), ("validation", rows[ROWS:-1]), ("test", rows[-1:])):
@@ -168,3 +180,12 @@ def test_implicit_text_prompts_whose_answers_share_their_beginning(folders, tmp_
     cancels in pi_c - pi_r); the per-token losses can (the answers' token counts differ): before issue 46 anytrain
     split at the last space (answers " 16" and " 15"), and ipo, simpo and orpo were 0.52, 0.50 and 0.67 away."""
     assert one_step(folders, tmp_path / "run", "shared", loss, "--batch-size", "4") < TOLERANCE
+
+
+def test_implicit_text_prompts_whose_last_token_joins_one_answer_are_split_as_trl_splits_them(folders, tmp_path):
+    """TRL 1.16 (DPOTrainer's tokenize_fn) starts both answers where the prompt's tokens and the first of the two
+    sequences part (the shorter common_prefix_length): "... A: wh" is " w" "h" alone, " w" "hat" before the chosen
+    answer's "at.", so the rejected answer is "h" "." and the end of text, 3 tokens, not 2. IPO's per-token
+    log-ratios see the count (sigmoid's difference cancels it): splitting each sequence on its own (the characters
+    each token holds) takes a step 0.87 of it away."""
+    assert one_step(folders, tmp_path / "run", "merging", "ipo", "--batch-size", "4") < TOLERANCE

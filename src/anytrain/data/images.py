@@ -78,8 +78,8 @@ class ImageRows(BatchRows):
     """One split: Arrow-backed rows (images stay encoded) and the labels, turned into a batch of
     float tensors (batch, channels, size, size) only when the DataLoader asks for one."""
 
-    def auto_workers(self) -> int:
-        return auto_image_workers()
+    def auto_workers(self, local_processes: int = 1) -> int:
+        return auto_image_workers(local_processes)
 
     def __init__(
         self,
@@ -113,7 +113,7 @@ class ImageRows(BatchRows):
         return inputs, self.targets[torch.as_tensor(indices)]
 
 
-def auto_image_workers() -> int:
+def auto_image_workers(local_processes: int = 1) -> int:
     """--num-workers auto for images: one worker decodes while the step runs, where it gets a core of
     its own: beside a GPU, or when this machine's cores outnumber the training processes' torch
     threads. Otherwise the worker takes the cores the step computes on: on 2 cores and 2 threads,
@@ -121,7 +121,7 @@ def auto_image_workers() -> int:
     decoding (docs/benchmarks.md, "Images")."""
     if torch.cuda.is_available():
         return 1
-    busy = torch.get_num_threads() * int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    busy = torch.get_num_threads() * local_processes
     return 1 if len(os.sched_getaffinity(0)) > busy else 0
 
 

@@ -31,8 +31,9 @@ class Rows(Dataset):
     def set_epoch(self, epoch: int) -> None:
         """The epoch's own random draws (image augmentation, masks); none by default (the sampler shuffles)."""
 
-    def auto_workers(self) -> int:
-        """DataLoader workers for --num-workers auto: none (the step uses the cores); images ask for some."""
+    def auto_workers(self, local_processes: int = 1) -> int:
+        """DataLoader workers for --num-workers auto: none (the step uses the cores); images ask for some.
+        `local_processes`: the launch's processes on this machine (RunFacts), which share its cores."""
         return 0
 
 
@@ -152,15 +153,16 @@ def keep_batch(batch):
     return batch
 
 
-def loader_workers(data: Rows, cfg: TrainConfig) -> int:
-    """--num-workers, or for auto (-1) what the split asks for (images: 1, else 0)."""
-    return cfg.data.num_workers if cfg.data.num_workers >= 0 else data.auto_workers()
+def loader_workers(data: Rows, cfg: TrainConfig, local_processes: int = 1) -> int:
+    """--num-workers, or for auto (-1) what the split asks for (images: 1, else 0), given the launch's processes on
+    this machine (RunFacts.local_processes)."""
+    return cfg.data.num_workers if cfg.data.num_workers >= 0 else data.auto_workers(local_processes)
 
 
-def make_loader(data: Rows, cfg: TrainConfig, shuffle: bool) -> DataLoader:
+def make_loader(data: Rows, cfg: TrainConfig, shuffle: bool, local_processes: int = 1) -> DataLoader:
     """A split's loader; `shuffle`: the training split's, its batches the epoch's Rounds (shares.py: the last round
     split as it falls over the processes, never a row twice), shuffled unless its rows order themselves."""
-    workers = loader_workers(data, cfg)
+    workers = loader_workers(data, cfg, local_processes)
     persistent = cfg.data.persistent_workers and workers > 0
     if isinstance(data, IterableDataset):  # a stream (stream.py) yields whole batches and shuffles in its buffer
         return DataLoader(

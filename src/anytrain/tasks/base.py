@@ -163,15 +163,15 @@ def kept_random_states(device: torch.device):
 
 
 def evaluate(model: nn.Module, batches, task: Task, gather=None, forward: Callable | None = None) -> dict:
-    """The task's metrics over a split of (inputs, targets) batches. With several processes, `gather`
-    is accelerator.gather_for_metrics: it is given per-sample values, so it can drop the samples
-    padded into the last batch, and the result equals a single-process evaluation."""
+    """The task's metrics over a split's batches (each as the task's rows collate it: eval_batch reads it). With
+    several processes, `gather` is accelerator.gather_for_metrics: it is given per-sample values, so it can drop the
+    samples padded into the last batch, and the result equals a single-process evaluation."""
     forward = forward or (lambda m, inputs, targets: m(inputs))
     model.eval()
     sums, count = None, 0
     with torch.no_grad():
-        for inputs, targets in batches:
-            stats = task.eval_batch(model, inputs, targets, forward)
+        for batch in batches:
+            stats = task.eval_batch(model, batch, forward)
             if gather is not None:
                 stats = gather(stats)
             batch = {k: v.double().sum(0) for k, v in stats.items()}  # summed on the device: no host sync per batch

@@ -1,35 +1,33 @@
-"""The contract between the loop and a task: `Task`, its required methods (abstract: a task missing one
-is refused when it is registered, in one line that names the method), the defaults every task may keep,
-the run context a task's step is given (`RunContext`), and the optional capabilities a task declares in
-`offers`. Whatever refuses a capability (predict on a run that cannot, --packing for a classifier) asks
-`offered` here: there are no refusal stubs.
+"""The contract between the loop and a task: what a task must define, what it may, and what it gets. A task missing a
+required method is refused when it is registered, in one line naming the method; a capability it offers is backed
+by its methods (`offered`, `CAPABILITIES`): there are no refusal stubs.
 
-    class Task(contract.Task):
-        name = "smooth"                                  # what the start-up line and summary.json call it
-        goals = {"loss": LOWER, "accuracy": HIGHER}      # every metric `metrics` returns, and its direction;
-                                                         # without "loss": no evaluation loss (grpo's)
-        headline = "accuracy"                            # the best weights' and early stopping's metric
-        offers = frozenset({"predict"})                  # + predict_inputs, predict_batch
+    class Smooth(contract.Task):
+        name = "smooth"                                  # --task smooth; the start-up line and summary.json
+        goals = {"loss": LOWER, "accuracy": HIGHER}      # each metric `metrics` returns, its direction (no "loss":
+        headline = "accuracy"                            #   no evaluation loss); the best weights' metric
+        offers = frozenset({"predict"})                  # capabilities: + predict_inputs, predict_batch
         options = SmoothOptions                          # its own option() fields: flags, YAML, resume check
         step_shares = False                              # True: its loss is loss_sum over the batch's step share
 
-        def load_data(self, given=None) -> Splits        # read, check, split (data.splits.Splits); self.run: RunFacts
-        def build_model(self, given=None) -> nn.Module   # the model to train
-        def model_from_metadata(self, meta, given=None)  # the model saved weights load into
-        def per_sample(self, outputs, targets) -> dict   # evaluation: per-sample statistics (a "loss")
-        def metrics(self, sums, count) -> dict           # the split's metrics from the summed statistics
-        def loss(self, outputs, targets) -> Tensor       # the default step's training loss, a scalar
-        def example_targets(self, shape, batch)          # ... and targets to check it on at start
+    Must:  load_data(given=None) -> Splits                # read, check, split; its rows collate to its batches
+           build_model(given=None) -> nn.Module          # the model to train
+           model_from_metadata(meta, given=None)         # the model saved weights load into
+           metrics(sums, count) -> dict                  # the split's metrics from the summed statistics
+    Must, unless it owns its step (train_step) or its evaluation (eval_batch), whose batches are (inputs, targets):
+           loss(outputs, targets), example_targets(shape, batch)   # the default step, checked on 2 rows at start
+           per_sample(outputs, targets) -> dict          # the default evaluation's per-sample statistics
+    May:   train_step(ctx, batch) -> Tensor              # a batch as its rows collate it (PairBatch, a Slot), untouched
+           eval_batch(model, batch, forward) -> dict     # ... in evaluation (generation adds to it)
+           batch_counts(batch) -> (samples, tokens)      # what it counts for in the throughput figures
+           on_run_start(ctx) / after_check()             # once before step 1 / after the start-up check of its step
+           state_dict() / load_state_dict(state)         # what it keeps across a kill (the checkpoint's JSON)
+           rank_state() / load_rank_state(tensors)       # ... each process's own tensors
 
-        def train_step(self, ctx, batch) -> Tensor       # one batch's loss; by default forward, then loss
-        def on_run_start(self, ctx)                      # once, before step 1: what the task prepares
-        def after_check(self)                            # its own step was checked once at start: forget it
-        def state_dict(self) / load_state_dict(state)    # what it keeps across a kill (in the checkpoint)
-        def rank_state(self) / load_rank_state(tensors)  # ... each process's own tensors (a file each)
-
-`loss` and `example_targets` are required of a task that keeps the default step (the start-up check runs it on a
-batch of 2 made from the data's shape); a task that owns its step needs neither: the check runs its train_step on
-its first training rows, as training will run it. The loop, predict, sample and reload call nothing else on a task.
+It gets `self.cfg` (the settled config), `self.run` (RunFacts: where it runs, before its data is read) and, in its
+step, a RunContext: the prepared model and how to call it (ctx.forward, so that DDP and FSDP synchronise), the loss
+the loop trains on (ctx.loss), the step, the batch's share of it and its place in its accumulation cycle (ctx.micro
+of ctx.micro_batches). The loop, predict, sample and reload call nothing else on a task.
 """
 
 from __future__ import annotations
@@ -74,15 +72,18 @@ ASKED_BY = {"packing": "packing", "lora": "lora_r", "streaming": "streaming"}  #
 
 @dataclass(frozen=True)
 class RunFacts:
-    """Where a task runs, known before its data is read (`task.run`, set by make_task): the number of processes, this
-    one's rank, its device, the precision and how to print a line once (the main process). A task reads these rather
-    than accelerate's global state. Outside a launch (predict, sample, your own code) it is one process on the CPU."""
+    """Where a task runs, known before its data is read (`task.run`, set by make_task): the number of processes (and
+    of those on this machine), this one's rank, its device, the precision, whether the run shards the weights (FSDP,
+    DeepSpeed) and how to print a line once (the main process). A task reads these rather than accelerate's global
+    state or the environment. Outside a launch (predict, sample, your own code) it is one process on the CPU."""
 
     processes: int = 1
     rank: int = 0
     device: str = "cpu"
     precision: str = "no"  # accelerate's mixed precision: no, fp16, bf16
     say: Callable[[str], None] = print  # a line printed by the main process only
+    local_processes: int = 1  # the launch's processes on this machine (they share its cores)
+    shards: bool = False  # FSDP or DeepSpeed: a layer's weights are split over the processes
 
     @property
     def main(self) -> bool:
@@ -95,8 +96,14 @@ class RunFacts:
 
     @classmethod
     def of(cls, accelerator: Accelerator) -> RunFacts:
+        import os
+
+        from accelerate.utils import DistributedType
+
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the launcher's: accelerate's state does not hold it
+        shards = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
         return cls(accelerator.num_processes, accelerator.process_index, str(accelerator.device),
-                   str(accelerator.mixed_precision), accelerator.print)  # fmt: skip
+                   str(accelerator.mixed_precision), accelerator.print, local, shards)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,8 @@ class RunContext:
     step: int = 0  # optimizer steps done before this batch
     share: float | None = None
     weight: float = 1.0
+    micro: int = 0  # this batch's place in its step's accumulation cycle: 0 .. micro_batches - 1
+    micro_batches: int = 1  # the cycle's batches: --grad-accum-steps, fewer in an epoch's last, short cycle
 
     def forward(self, inputs, targets: torch.Tensor | None = None):
         """The model's outputs for a batch: model(inputs), + the targets when it computes its own loss, + the
@@ -180,8 +189,10 @@ class Task(abc.ABC):
         """The training loss, a scalar: what the default step computes (required unless the task owns its step)."""
         raise NotImplementedError(f"task {self.name}: the default step needs loss")
 
-    @abc.abstractmethod
-    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]: ...  # a "loss" if goals name one
+    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Evaluation's per-sample statistics of a batch's outputs, a "loss" among them if goals name one (required
+        unless the task evaluates a batch its own way: eval_batch)."""
+        raise NotImplementedError(f"task {self.name}: the default evaluation needs per_sample")
 
     @abc.abstractmethod
     def metrics(self, sums: dict[str, torch.Tensor], count: int) -> dict[str, float]: ...  # "loss" if goals name it
@@ -194,10 +205,11 @@ class Task(abc.ABC):
     # --------------------------------------------------------------------------- defaults
     def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
         """One training batch's loss, the scalar the loop weighs by ctx.weight (its rows' share of the step, 1 where
-        the sizes divide) and hands to backward (which also divides it for gradient accumulation): by default the
-        forward pass, then the loss, a mean over the batch. A task whose step is not that (generation,
-        scoring, several forward passes) overrides it; the model must be called through ctx.forward (its
-        wrappers synchronise the gradients)."""
+        the sizes divide) and hands to backward (which also divides it for gradient accumulation). The batch is what
+        the task's rows collate to, untouched: by default (inputs, targets), and the forward pass, then the loss, a
+        mean over the batch. A task whose batch or step is not that (pairs, a rollout's slot; generation, scoring,
+        several forward passes) overrides it; the model must be called through ctx.forward (its wrappers
+        synchronise the gradients)."""
         inputs, targets = batch
         return ctx.loss(ctx.forward(inputs, targets), targets)
 
@@ -211,7 +223,8 @@ class Task(abc.ABC):
         return targets_of(self.data.train)
 
     def batch_counts(self, batch) -> tuple[int, int]:
-        """(samples, tokens) this rank trained on in a batch, for the throughput figures."""
+        """(samples, tokens) this rank trained on in a batch, for the throughput figures; by default of the default
+        step's (inputs, targets)."""
         _, targets = batch
         return len(targets), targets.numel()
 
@@ -245,8 +258,10 @@ class Task(abc.ABC):
     def load_rank_state(self, tensors: dict[str, torch.Tensor]) -> None:
         """Restore what rank_state returned ({} where the checkpoint holds none)."""
 
-    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
-        """Per-sample statistics of one evaluation batch: of the forward pass (a generating task also generates)."""
+    def eval_batch(self, model: nn.Module, batch, forward: Callable) -> dict:
+        """Per-sample statistics of one evaluation batch (as the task's rows collate it): by default of the forward
+        pass over (inputs, targets) (a generating task also generates)."""
+        inputs, targets = batch
         return self.per_sample(forward(model, inputs, targets), targets)
 
     def rates(self, samples: int, tokens: int, seconds: float) -> dict:
@@ -357,6 +372,8 @@ def check(cls: type, who: str) -> None:
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if cls.train_step is Task.train_step:  # the default step computes the loss, checked on example targets
         missing += [m for m in ("example_targets", "loss") if getattr(cls, m) is getattr(Task, m)]
+    if cls.eval_batch is Task.eval_batch and cls.per_sample is Task.per_sample:  # the default evaluation's
+        missing.append("per_sample")
     if missing:
         raise ConfigError(f"{who}: {cls.__name__} does not define the required method {', '.join(missing)}")
     if not cls.name:

@@ -1,10 +1,8 @@
-"""lm with a transformers model: AutoModelForCausalLM, one text per sequence, padded; padded positions
-get the label -100. The loss (fused with the output layer: lmhead.py) is the mean over every target token
-of the optimizer step's global batch, whatever the number of ranks or accumulation steps (the loop gives the
-model the batch's share of them as num_items_in_batch); validation and test loss are the mean over every
-target token of the split.
-`anytrain sample` uses the model's generate; `anytrain predict` scores texts: each text's mean next-token loss,
-its perplexity and the number of tokens it predicts."""
+"""lm with a transformers model: AutoModelForCausalLM on text, one text per sequence, padded; padded positions
+get the label -100. It stands on the causal-LM base (causal_lm/task.py: the model, its fused output layer, export)
+with the next-token loss (causal_lm/tokens.py). `anytrain sample` continues the prompt's text with the model's
+generate; `anytrain predict` scores texts: each text's mean next-token loss, its perplexity and the number of tokens
+it predicts."""
 
 from __future__ import annotations
 
@@ -15,56 +13,44 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..best import HIGHER, LOWER
-from ..hf import Head
-from ..shape import IGNORE, DataShape
+from ..data.splits import Splits
+from ..shape import IGNORE
 from ..usermodel import logits_of
-from .transformers import Transformers, token_sums, with_row_loss
+from .causal_lm.task import CausalLM
+from .causal_lm.tokens import NextTokenLoss
+from .transformers import token_sums
 
 
-class HFCausalLM(Transformers):
+class HFCausalLM(NextTokenLoss, CausalLM):
     name = "lm"
-    goals = {"loss": LOWER, "perplexity": LOWER, "accuracy": HIGHER}
     offers = frozenset({"export", "sample", "packing", "lora", "predict"})  # predict: each text's loss
-    head = Head("AutoModelForCausalLM", "causal-LM", loss_type="ForCausalLM")
-    step_shares = True  # the model's own loss: its sum over the batch's share of the step's target tokens
+    hints = {}
 
     @classmethod
     def detect(cls, source) -> str | None:
         return "auto: text without labels" if source.plain_text else None
 
-    def texts(self) -> dict:
+    def load_data(self, given=None) -> Splits:
+        """The text column (--text-column, else the data's one text column), each text whole, padded per batch."""
+        from ..data.hftext import load_hf_splits
         from ..data.text import lm_column
 
-        return {"column": lm_column(self.cfg), "whole": True}
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The next-token loss over the targets' mean (the model's own loss is this, given the labels)."""
-        return self.loss_sum(outputs, targets) / (targets[:, 1:] != IGNORE).sum().clamp(min=1)
-
-    def loss_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The next-token loss summed over the targets: what the model's own loss is, given num_items_in_batch."""
-        return token_sums(outputs[:, :-1].float(), targets[:, 1:])["token_loss"].sum()
-
-    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        sums = getattr(outputs, "row_stats", None)  # the fused loss's (lmhead.py): no logits were made
-        if sums is None:  # position t predicts token t + 1
-            sums = token_sums(logits_of(outputs)[:, :-1].float(), targets[:, 1:])
-        return with_row_loss(sums)
-
-    def metrics(self, sums: dict, count: int) -> dict:
-        tokens = max(sums["tokens"].item(), 1)
-        loss = sums["token_loss"].item() / tokens
-        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "accuracy": sums["hits"].item() / tokens}
-
-    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
-        return shape.example_inputs(batch)
+        self.load_tokenizer()
+        column = lm_column(self.cfg)
+        self.data = load_hf_splits(self.cfg, self.tokenizer, given, column=column, whole=True,
+                                   multiple=self.run.pad_multiple)  # fmt: skip
+        self.check_config()
+        return self.data
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
         """The run's text column, tokenised by its tokenizer as in training (truncated at --max-length), each
         batch padded at the end of its texts: a causal model's real tokens never attend to the padding after
         them, and keep the positions they have alone."""
-        rows, ds, source = super().predict_inputs(dataset, meta, folder)
+        from ..data.hftext import predict_hf_texts
+        from ..hf import tokenizer_of_run
+
+        tokenizer = tokenizer_of_run(folder)
+        rows, ds, source = predict_hf_texts(dataset, meta["input_columns"], tokenizer, meta["data_shape"].max_length)
         rows.tokenizer.padding_side = "right"
         return rows, ds, source
 
@@ -84,7 +70,7 @@ class HFCausalLM(Transformers):
         return rows
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
-        """The prompt and what the model writes after it (the causal-LM core's generate: temperature, top-k, the seed
+        """The prompt and what the model writes after it (the causal-LM base's generate: temperature, top-k, the seed
         the completion's key, stopping at the end-of-text token or an end id of the model's generation config). The
         prompt keeps its last tokens so that prompt and new tokens fit the model's positions."""
         from ..config import ConfigError

@@ -8,7 +8,7 @@ over tokens."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -25,27 +25,18 @@ from .contract import Task
 
 
 class Transformers(Task):
-    """A transformers task's model, tokenizer, metadata, export and predict inputs; its loss, metrics and
-    predictions come from the task it is the transformers flavour of (HFClassification(Transformers,
-    Classification)). `head` names the transformers model class the task trains (hf.Head)."""
+    """A transformers task's model, tokenizer, metadata, export and predict inputs: the base of the transformers
+    classifiers, taggers, masked and encoder-decoder LMs and the reward model (the causal LMs stand on
+    tasks/causal_lm/task.py, which composes this module's functions). Its loss, metrics and predictions are the
+    task's own, or composed from a labelled base (HFClassification(ClassIds, Transformers)). `head` names the
+    transformers model class the task trains (hf.Head)."""
 
     head: Head
     offers = frozenset({"export"})
 
     @classmethod
     def settle(cls, cfg: TrainConfig) -> tuple[TrainConfig, tuple[str, ...]]:
-        """--max-length left at its default, fitted to the model's positions (a model with 128 positions trains
-        on 128 tokens rather than being refused)."""
-        if not cls.head.positions or "max_length" in cfg.given:
-            return cfg, ()
-        from .. import hf
-
-        positions = hf.max_positions(hf.read_config(hf.check_folder(cfg)))
-        if positions is None or positions >= cfg.data.max_length:
-            return cfg, ()
-        default = cfg.data.max_length
-        note = f"--max-length {positions}: the positions of {cfg.model.name} (the default {default} exceeds them)"
-        return cfg.replace(max_length=positions), (note,)
+        return fitted_max_length(cls.head, cfg)
 
     @classmethod
     def positions(cls, cfg: TrainConfig) -> str | None:
@@ -66,95 +57,99 @@ class Transformers(Task):
 
     def checked_config(self, pad_id: int | None):
         """The model's transformers config for this task and data, checked before anything is written."""
-        from .. import hf
-
         labels = None
         if self.head.labelled:  # the classes, from the data
             data = self.data
             labels = data.class_names or [str(k) for k in range(data.num_classes)]
-        config = hf.model_config(self.cfg, self.head, self.name, pad_id, labels)
-        if getattr(self, "tokenizer", None) is not None:
-            hf.check_vocabulary(self.cfg, self.tokenizer, config)
-        return config
+        return checked_config(self.cfg, self.head, self.name, pad_id, getattr(self, "tokenizer", None), labels)
 
     def build_model(self, given=None) -> nn.Module:
         from .. import hf
 
         model = hf.load_model(self.cfg, self.head, self.model_config)
-        self.use_cache = getattr(model.config, "use_cache", None)  # restored for the exported model
-        if self.head.auto_class == "AutoModelForCausalLM":  # no key-value cache built in training (as TRL): it
-            model.config.use_cache = False  # costs memory, and turns off transformers' mask per packed text
-            self.fused_loss(model)
-        if self.cfg.data.packing:
-            self.keep_texts_apart(model)
         if self.cfg.model.gradient_checkpointing:
             hf.checkpoint_activations(model)
         if self.cfg.model.lora_r:  # the weights frozen, adapters beside them trained
             model = lora.wrap(model, lora.settings(self.cfg), self.head.auto_class, self.say)
         return model
 
-    def fused_loss(self, model: nn.Module) -> None:
-        """The loss from the output layer a chunk of tokens at a time, never the full logits (lmhead.py)."""
-        from .. import lmhead
-
-        why = lmhead.install(model)
-        if why is None:
-            chunk = lmhead.chunk_of(model)
-            self.say(
-                f"the loss and log-probabilities come from the output layer {chunk} tokens at a time (no full logits)"
-            )
-        else:
-            self.say(f"the model computes its own loss from its full logits: {why}")
-        router = lmhead.describe_router(model)
-        if router is not None:
-            self.say(f"a mixture of experts: {router}")
-
-    def keep_texts_apart(self, model: nn.Module) -> None:
-        """--packing: how this model keeps the texts of a row apart, checked on it (packed.py), or refused."""
-        from .. import packed
-
-        way = packed.keep_apart(model)
-        self.data.train.mask = way  # type: ignore[attr-defined]  # packed rows: the mask in every batch it needs
-        self.packed_by = way.split()[-1]  # "positions" or "mask"
-        self.say(f"--packing: {packed.SAID[way]}")
-
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
-        from .. import hf
-
-        return lora.rebuild(hf.model_from_config(self.head, meta["hf_config"]), meta, self.head.auto_class)
+        return model_from_metadata(self.head, meta)
 
     def describe_data(self, model: nn.Module) -> dict:
         from ..hf import checkpoints_activations
 
-        facts = {**super().describe_data(model), "gradient_checkpointing": checkpoints_activations(model)}
-        if self.cfg.data.packing:
-            facts["packed_texts_kept_apart_by"] = self.packed_by  # "positions", or "mask" (packed.py)
-        return facts
+        return {**super().describe_data(model), "gradient_checkpointing": checkpoints_activations(model)}
 
     def weights_metadata(self) -> dict:
-        from ..hf import FOLDER
-
-        data = self.data
-        config = self.model_config.to_json_string(use_diff=False)  # load_model rebuilds the model from it
-        meta: dict[str, Any] = {"data_shape": data.shape, "hf_config": config, "hf": FOLDER}
-        if data.num_classes:
-            meta["class_names"] = data.class_names or [str(k) for k in range(data.num_classes)]
-        return {**meta, **lora.metadata(self.cfg), "input_columns": data.input_columns}
+        return saved_metadata(self.cfg, self.data, self.model_config)
 
     def export(self, model: nn.Module, run_dir: Path) -> None:
-        from .. import hf
-
-        if self.cfg.model.lora_r:  # the adapter into run_dir/adapter; run_dir/hf gets the merged model
-            model = lora.export(model, run_dir)
-        if getattr(self, "use_cache", None) is not None:
-            setattr(model.config, "use_cache", self.use_cache)  # generating wants its cache again
-        hf.save_pretrained(model, self.tokenizer, run_dir)
+        export(self.cfg, model, self.tokenizer, run_dir)
 
     def predict_inputs(self, dataset: str, meta: dict, folder: Path) -> tuple:
         from ..data.hftext import predict_hf_texts
         from ..hf import tokenizer_of_run
 
         return predict_hf_texts(dataset, meta["input_columns"], tokenizer_of_run(folder), meta["data_shape"].max_length)
+
+
+# --------------------------------------------------------------------------- what every transformers task composes
+
+
+def fitted_max_length(head: Head, cfg: TrainConfig) -> tuple[TrainConfig, tuple[str, ...]]:
+    """--max-length left at its default, fitted to the model's positions (a model with 128 positions trains on 128
+    tokens rather than being refused)."""
+    if not head.positions or "max_length" in cfg.given:
+        return cfg, ()
+    from .. import hf
+
+    positions = hf.max_positions(hf.read_config(hf.check_folder(cfg)))
+    if positions is None or positions >= cfg.data.max_length:
+        return cfg, ()
+    default = cfg.data.max_length
+    note = f"--max-length {positions}: the positions of {cfg.model.name} (the default {default} exceeds them)"
+    return cfg.replace(max_length=positions), (note,)
+
+
+def checked_config(cfg: TrainConfig, head: Head, task: str, pad_id: int | None, tokenizer, labels=None):
+    """The model's transformers config for the task (and its labels), its vocabulary checked against the tokenizer."""
+    from .. import hf
+
+    config = hf.model_config(cfg, head, task, pad_id, labels)
+    if tokenizer is not None:
+        hf.check_vocabulary(cfg, tokenizer, config)
+    return config
+
+
+def model_from_metadata(head: Head, meta: dict) -> nn.Module:
+    """The model a run's saved weights load into: its transformers config, with its LoRA adapters where it had some."""
+    from .. import hf
+
+    return lora.rebuild(hf.model_from_config(head, meta["hf_config"]), meta, head.auto_class)
+
+
+def saved_metadata(cfg: TrainConfig, data: Splits, model_config) -> dict[str, Any]:
+    """What reloading needs, saved with the weights: the data's shape, the transformers config, the classes."""
+    from ..hf import FOLDER
+
+    config = model_config.to_json_string(use_diff=False)  # load_model rebuilds the model from it
+    meta: dict[str, Any] = {"data_shape": data.shape, "hf_config": config, "hf": FOLDER}
+    if data.num_classes:
+        meta["class_names"] = data.class_names or [str(k) for k in range(data.num_classes)]
+    return {**meta, **lora.metadata(cfg), "input_columns": data.input_columns}
+
+
+def export(cfg: TrainConfig, model: nn.Module, tokenizer, run_dir: Path, use_cache: bool | None = None) -> None:
+    """The model into run_dir/hf (save_pretrained) with its tokenizer; with LoRA the adapter into run_dir/adapter and
+    the merged model into run_dir/hf. `use_cache`: the config's as loaded (a causal LM trains without its cache)."""
+    from .. import hf
+
+    if cfg.model.lora_r:
+        model = lora.export(model, run_dir)
+    if use_cache is not None:
+        cast(Any, model).config.use_cache = use_cache  # generating wants its cache again
+    hf.save_pretrained(model, tokenizer, run_dir)
 
 
 def token_sums(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:

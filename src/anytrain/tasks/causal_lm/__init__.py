@@ -1,5 +1,16 @@
-"""The causal-LM core that the transformers causal-LM tasks (lm, sft, dpo, grpo) compose rather than inherit: one
-way to generate (tasks/causal_lm/generation.py: a complete sampling config the model's own generation config cannot
-change, reproducible keyed sampling, the stop ids) and one way to take per-token log-probabilities at a temperature
-(tasks/causal_lm/logprobs.py: through the chunked fused output layer of lmhead.py, never the full logits). Not a
-task: nothing here is registered."""
+"""The causal-LM base: everything the transformers causal-LM tasks (hf:lm, sft, dpo, grpo) share, and the preference
+pairs the reward model reads too. Not a task: nothing here is registered.
+
+    task.py        CausalLM, their abstract base: the model, its fused output layer, reload, export, sample
+    tokens.py      NextTokenLoss: the next-token loss and evaluation (hf:lm, sft)
+    head.py        CausalLMHead, the module the loop trains: the fused loss and the per-token log-probabilities
+    logprobs.py    per-token and per-sequence log-probabilities at a temperature; a group's prompt read once
+    generation.py  generate: a complete sampling config, reproducible keyed sampling, the stop ids
+    answers.py     evaluation's generated answers (exact match) and `anytrain sample`'s reply
+    prompts.py     chat messages checked and rendered by the template
+    chats.py       sft's chats and instructions, rendered and tokenised, the answers' tokens learned
+    pairs.py       preference pairs (dpo, reward), rendered and tokenised, TRL's implicit-prompt split
+    reference.py   the frozen reference (dpo, grpo): a live copy, or the model with its adapter off
+    cached.py      dpo's reference log-probabilities, computed once before step 0 and saved
+    tools.py       tool calling: the tools' schemas, running a call, parsing a turn
+"""

@@ -178,16 +178,20 @@ def model_eos(cfg, config) -> list[int] | int | None:
 
 
 def unwrapped(model: nn.Module) -> nn.Module:
-    """The transformers model inside DDP's and torch.compile's wrappers, for generate()."""
+    """The transformers model (or its peft model) inside DDP's and torch.compile's wrappers and the loop's head
+    (head.CausalLMHead), for generate()."""
+    from .head import plain
+
     model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
+    return plain(getattr(model, "_orig_mod", model))
 
 
 def generating_model(model: nn.Module) -> nn.Module:
     """The transformers model inside its wrappers (peft, accelerate): the one whose generation config counts."""
     from transformers import GenerationMixin
 
-    return next(m for m in model.modules() if isinstance(m, GenerationMixin) and hasattr(m, "generation_config"))
+    found = unwrapped(model).modules()
+    return next(m for m in found if isinstance(m, GenerationMixin) and hasattr(m, "generation_config"))
 
 
 @dataclass(frozen=True)

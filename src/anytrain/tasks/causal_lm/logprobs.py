@@ -1,7 +1,7 @@
 """Per-token log-probabilities of a transformers causal LM at a temperature, the one way the causal-LM tasks take
-them (grpo's policy, old and reference log-probabilities; dpo's sequence sums): through the model's forward as
-lmhead.install gives it (given `labels` and `temperature` it returns lmhead.TokenLogps: the chunked fused output
-layer, no full logits), so that a call through DDP's or FSDP's wrapper synchronises the gradients.
+them (grpo's policy, old and reference log-probabilities; dpo's sequence sums): a `LogpsRequest` to the model as
+the loop trains it (head.CausalLMHead, which returns TokenLogps: the chunked fused output layer, no full logits),
+through the loop's forward, so that a call through DDP's or FSDP's wrapper synchronises the gradients.
 
 log p_T(y_t | y_<t) = z[y_t] / T - logsumexp(z / T), z the logits: TRL's GRPOTrainer divides the logits by the
 sampling temperature before its log-softmax (`_get_per_token_logps_and_entropies`), so that the policy trained is
@@ -34,6 +34,13 @@ from .generation import (
     prompt_runs,
     unwrapped,
 )
+from .head import LogpsRequest
+
+
+def bare(model: nn.Module) -> Callable:
+    """How a no-gradient pass calls the model outside the loop's wrappers (old and reference log-probabilities): a
+    LogpsRequest as it is, a dict of inputs as keywords, as the loop's forward passes them."""
+    return lambda given: model(given) if isinstance(given, LogpsRequest) else model(**given)
 
 
 def labels_from(ids: torch.Tensor, learned: torch.Tensor) -> torch.Tensor:
@@ -55,8 +62,7 @@ def completion_logps(
     if shared is not None and groups is not None:
         return shared_logps(call, rows, labels, temperature, shared, groups)
     inputs = {"input_ids": rows.ids, "attention_mask": rows.mask, "position_ids": rows.positions}
-    out = call({**inputs, "labels": labels, "temperature": temperature})
-    return out.logps[:, rows.width :]
+    return call(LogpsRequest(inputs, labels, temperature)).logps[:, rows.width :]
 
 
 def shared_logps(
@@ -67,16 +73,15 @@ def shared_logps(
     last = rows.width - 1
     cache = prompt_kv(call, rows.ids[:, :last], rows.mask[:, :last], shared, groups)
     tail = {"input_ids": rows.ids[:, last:], "attention_mask": rows.mask, "position_ids": rows.positions[:, last:]}
-    out = call({**tail, shared.kwarg: cache, "labels": labels[:, last:], "temperature": temperature})
-    return out.logps[:, 1:]
+    return call(LogpsRequest({**tail, shared.kwarg: cache}, labels[:, last:], temperature)).logps[:, 1:]
 
 
 def sequence_logps(call: Callable, inputs: dict, temperature: float = 1.0) -> torch.Tensor:
     """(sequences, 2) float32 for a batch whose inputs hold `labels` (the learned tokens, IGNORE elsewhere) and
     `sequence_ids` (each token's sequence, several to a row when packed): each sequence's summed log-probability of
     its learned tokens and their count (dpo's π and its lengths)."""
-    given = {k: v for k, v in inputs.items() if k != "sequence_ids"}
-    logps = call({**given, "temperature": temperature}).logps
+    given = {k: v for k, v in inputs.items() if k not in ("sequence_ids", "labels")}
+    logps = call(LogpsRequest(given, inputs["labels"], temperature)).logps
     picked = inputs["labels"] != IGNORE
     where = inputs["sequence_ids"][picked]
     count = int(inputs["sequence_ids"].max()) + 1

@@ -1,11 +1,12 @@
-"""dpo: preference tuning of a transformers causal LM on pairs (tasks/dpo/pairs.py). Each batch of B pairs is one
+"""dpo: preference tuning of a transformers causal LM on pairs (causal_lm/pairs.py), standing on the causal-LM base
+(causal_lm/task.py). Each batch of B pairs is one
 forward pass over its 2B sequences (padded one a row, or with --packing in rows of --max-length, kept apart by their
 position ids), which gives each sequence's log-probability of its answer (the causal-LM core's sequence_logps: the
 chunked output layer, no full logits); the step is the task's own (`train_step`).
 The loss (tasks/dpo/losses.py: --dpo-loss, --beta) is the mean over the pairs of the optimizer step, whatever the
-number of ranks and accumulation steps. The reference (--reference) is cached before step 0 (full fine-tuning,
-tasks/dpo/reference.py), the model with its adapter off (--lora-r), or a frozen copy (live), the last two computed
-per batch without gradients; simpo and orpo have none.
+number of ranks and accumulation steps. The reference (--reference, causal_lm/reference.py) is cached before step 0
+(full fine-tuning), the model with its adapter off (--lora-r), or a frozen copy (live), the last two computed per
+batch without gradients; simpo and orpo have none.
 
 Validation and test: the loss, reward accuracy (chosen reward above the rejected one), reward margin and both
 rewards, and each held-out prompt's chosen answer generated greedily (exact match), as sft does. The best weights
@@ -15,9 +16,8 @@ are those of the best validation reward accuracy. The model exports to run_dir/h
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -25,22 +25,21 @@ from torch import nn
 from ...best import HIGHER, LOWER
 from ...config import ConfigError, TrainConfig
 from ...data.splits import Splits
-from ...shape import DataShape
 from ...usermodel import logits_of
+from ..causal_lm import cached
 from ..causal_lm.answers import Answers
-from ..causal_lm.generation import model_eos, stop_ids
 from ..causal_lm.logprobs import sequence_logps
+from ..causal_lm.pairs import PairBatch
+from ..causal_lm.reference import Reference
+from ..causal_lm.task import CausalLM
 from ..contract import RunContext
-from ..hf_lm import HFCausalLM
-from . import reference
 from .losses import LOSSES, Pairs
 from .options import REFERENCE_FREE, DPOOptions
-from .pairs import PairBatch
 
 STATS = ("reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward")
 
 
-class DirectPreference(HFCausalLM):
+class DirectPreference(CausalLM):
     name = "dpo"
     goals = {
         "loss": LOWER,
@@ -54,11 +53,10 @@ class DirectPreference(HFCausalLM):
     offers = frozenset({"export", "sample", "packing", "lora"})
     options = DPOOptions
     targets_to_model = False  # the targets are the cached reference log-probabilities; labels go in the inputs
-    hints = {"predict": "it answers prompts with `anytrain sample RUN --prompt ...`"}
 
     @classmethod
     def detect(cls, source) -> str | None:
-        from .pairs import pair_format
+        from ..causal_lm.pairs import pair_format
 
         if not source.readable:
             return None
@@ -80,20 +78,22 @@ class DirectPreference(HFCausalLM):
         o = cfg.section(self.name)
         self.o, self.formula = o, LOSSES[o.dpo_loss]
         if o.dpo_loss in REFERENCE_FREE:
-            self.reference = "none"
+            how = "none"
         elif o.reference == "auto":
-            self.reference = "adapter" if cfg.model.lora_r else "cached"
+            how = "adapter" if cfg.model.lora_r else "cached"
         else:
-            self.reference = o.reference
+            how = o.reference
+        self.reference = Reference(how)  # live: a frozen copy made at the run's start
         self.stops: list[int] = []  # where a generated answer stops (load_data)
         self.answers: Answers | None = None  # generated answers: exact match, the log's examples (load_data)
-        self.frozen: nn.Module | None = None  # --reference live: the starting model, frozen (on_run_start)
         self.autocast: Callable = contextlib.nullcontext  # the run's precision for the reference (on_run_start)
 
     def load_data(self, given=None) -> Splits:
-        rows, form = load_pairs(self, given)
-        self.stops = stop_ids(self.tokenizer, model_eos(self.cfg, self.model_config), "chats" in form)
-        self.data.metadata.update(stop_ids=self.stops, chat_template="yes" if "chats" in form else "no")
+        from ..causal_lm.pairs import pair_splits
+
+        self.read_model()
+        self.data, form = pair_splits(self.cfg, self.tokenizer, given, self.run.pad_multiple)
+        self.stops = self.stops_for("chats" in form)
         self.answers = Answers(self.tokenizer, self.stops, self.run.main)
         return self.data
 
@@ -102,27 +102,26 @@ class DirectPreference(HFCausalLM):
         splits' rows (their batches carry them as targets): read back from the run folder when the key matches (a
         resumed run), else computed now and saved there. --reference live: a frozen copy of the starting model."""
         self.autocast = ctx.accelerator.autocast
-        if self.reference == "live":
-            self.frozen = copy.deepcopy(ctx.accelerator.unwrap_model(ctx.model)).eval().requires_grad_(False)
-        if self.reference != "cached":
+        self.reference.start(ctx)
+        if self.reference.how != "cached":
             return
         accelerator, model = ctx.accelerator, ctx.accelerator.unwrap_model(ctx.model)
-        digest = reference.key(model, self.data, accelerator.mixed_precision, self.cfg.data.max_length)
-        found = reference.read(ctx.run_dir, digest) if self.cfg.run.resume else None
+        digest = cached.key(model, self.data, accelerator.mixed_precision, self.cfg.data.max_length)
+        found = cached.read(ctx.run_dir, digest) if self.cfg.run.resume else None
         if found is None:
             accelerator.print(
                 "anytrain: computing the reference log-probabilities once, before step 0 (--reference cached)"
             )
             found = {
-                split: reference.compute(accelerator, model, getattr(self.data, split), self.cfg.optim.batch_size)
-                for split in reference.SPLITS
+                split: cached.compute(accelerator, model, getattr(self.data, split), self.cfg.optim.batch_size)
+                for split in cached.SPLITS
                 if getattr(self.data, split) is not None
             }
             if accelerator.is_main_process:  # kept for a resumed run
-                reference.write(ctx.run_dir, found, digest)
+                cached.write(ctx.run_dir, found, digest)
         else:
             accelerator.print(
-                f"anytrain: the reference log-probabilities read from {ctx.run_dir / reference.FILE} (the same key)"
+                f"anytrain: the reference log-probabilities read from {ctx.run_dir / cached.FILE} (the same key)"
             )
         for split, logps in found.items():
             getattr(self.data, split).reference = logps
@@ -138,21 +137,10 @@ class DirectPreference(HFCausalLM):
         tokens, and the reference's log-probability where it is computed per batch (NaN: cached or none)."""
         table = sequence_logps(call, inputs)
         ref = torch.full_like(table[:, :1], float("nan"))
-        if self.reference in ("live", "adapter"):
-            with torch.no_grad(), self.autocast():
-                ref = self.reference_logps(model, inputs)[:, :1]
+        if self.reference.per_batch:  # the frozen copy (live), or the model with its adapter off
+            with torch.no_grad(), self.autocast(), self.reference.calling(model) as reference:
+                ref = sequence_logps(reference, inputs)[:, :1]
         return torch.cat([table, ref], 1)
-
-    def reference_logps(self, model: nn.Module, inputs: dict) -> torch.Tensor:
-        """The reference's table for a batch: the frozen copy (live), or the model with its adapter off (peft)."""
-        frozen = self.frozen
-        if frozen is not None:
-            return sequence_logps(lambda batch: frozen(**batch), inputs)
-        from ..causal_lm.generation import unwrapped
-
-        peft = cast(Any, unwrapped(model))
-        with peft.disable_adapter():
-            return sequence_logps(lambda batch: peft(**batch), inputs)
 
     # --------------------------------------------------------------------------- the loss
     def pairs(self, outputs, targets: torch.Tensor) -> Pairs:
@@ -161,9 +149,9 @@ class DirectPreference(HFCausalLM):
         table = outputs
         b = len(targets)
         chosen, rejected = table[:b], table[b : 2 * b]
-        if self.reference == "cached":
+        if self.reference.how == "cached":
             ref_c, ref_r = targets[:, 0], targets[:, 1]
-        elif self.reference == "none":
+        elif self.reference.how == "none":
             ref_c = ref_r = torch.zeros_like(targets[:, 0])
         else:
             ref_c, ref_r = chosen[:, 2], rejected[:, 2]
@@ -188,67 +176,26 @@ class DirectPreference(HFCausalLM):
             "rejected_reward": rejected,
         }
 
-    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
+    def eval_batch(self, model: nn.Module, batch: PairBatch, forward: Callable) -> dict:
         """The pairs' statistics, then each pair's chosen answer generated from its prompt: exact match."""
+        inputs = batch.inputs
         with self.autocast():
-            table = self.table(lambda batch: forward(model, batch, None), inputs, model)
-        stats = self.per_sample(table, targets)
-        b = len(targets)  # the chosen sequences: their answers are what a prompt should get
+            table = self.table(lambda given: forward(model, given, None), inputs, model)
+        stats = self.per_sample(table, batch.reference)
+        b = len(batch)  # the chosen sequences: their answers are what a prompt should get
         chosen = (inputs["input_ids"][:b], inputs["labels"][:b], inputs["attention_mask"][:b])
         stats["exact_match"] = cast(Answers, self.answers).exact_match(model, *chosen)
         return stats
+
+    def batch_counts(self, batch: PairBatch) -> tuple[int, int]:
+        return batch.counts()
 
     def metrics(self, sums: dict, count: int) -> dict:
         cast(Answers, self.answers).say_shown()
         return {k: v.item() / count for k, v in sums.items()}
 
     def describe_data(self, model: nn.Module) -> dict:
-        return {**super().describe_data(model), "reference": self.reference, "dpo_loss": self.o.dpo_loss}
+        return {**super().describe_data(model), "reference": self.reference.how, "dpo_loss": self.o.dpo_loss}
 
     def weights_metadata(self) -> dict:
-        meta = {**super().weights_metadata(), **self.data.metadata}  # + the stop ids, whether it trained on chats
-        return {**meta, "dpo_loss": self.o.dpo_loss, "beta": self.o.beta}
-
-    def sample(self, model: nn.Module, folder, meta: dict, prompt: str, settings: dict) -> str:
-        """The reply to the prompt, in a user turn of the chat template (as it is for text pairs)."""
-        return Answers.sample(model, folder, meta, prompt, settings)
-
-
-def load_pairs(task, given) -> tuple[dict, str]:
-    """What dpo and reward read the same way: the model's tokenizer, its config checked for the task (said before
-    any data is read), then the pairs (tasks/dpo/pairs.py) as the task's Splits. Returns the rows and their format."""
-    from ... import hf
-    from .pairs import pair_rows
-
-    task.tokenizer = hf.load_tokenizer(task.cfg)
-    task.model_config = task.checked_config(task.tokenizer.pad_token_id)
-    rows, form, source, notes = pair_rows(task.cfg, task.tokenizer, given, task.run.pad_multiple)
-    task.data = splits_of(rows, task.cfg, task.tokenizer, source, form)
-    task.data.notes.extend(notes)
-    return rows, form
-
-
-def splits_of(rows: dict, cfg: TrainConfig, tokenizer, source: str, form: str) -> Splits:
-    train = rows["train"]
-    facts = {
-        "tokenizer": f"{type(tokenizer).__name__} (the model's own)",
-        "vocab_size": len(tokenizer),
-        "pair_format": form,
-        "train_pairs": len(train),
-        "train_tokens": int(train.lengths.sum()),
-        "train_answer_tokens": int(train.answer.sum()),
-        "data_path": "rendered and tokenised, "
-        + ("each batch's sequences packed into rows of --max-length" if cfg.data.packing else "padded per batch"),
-    }
-    shape = DataShape(
-        "tokens", vocab_size=len(tokenizer), max_length=cfg.data.max_length, pad_id=tokenizer.pad_token_id
-    )
-    return Splits.of(
-        rows,
-        shape,
-        source,
-        input_columns=["prompt"],
-        facts=facts,
-        tokenizer=tokenizer,
-        tokens_per_sample=float(train.lengths.sum() / max(len(train), 1)),
-    )
+        return {**super().weights_metadata(), "dpo_loss": self.o.dpo_loss, "beta": self.o.beta}

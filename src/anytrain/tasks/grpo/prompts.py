@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ...config import ConfigError, TrainConfig
 from ...data.sources import carve_rows, opened
@@ -42,7 +41,7 @@ class Prompts:
 
 class PromptRows(Rows):
     """Tokenised prompts, each as the model reads it, with the prompt as given and the row's other columns. A batch
-    is (Prompts, the rows' indices as a tensor: what evaluation gathers over ranks)."""
+    is Prompts (evaluation's: it generates from them)."""
 
     def __init__(self, ids: list[list[int]], prompts: list, columns: dict[str, list], split: str):
         self.ids, self.prompts, self.columns, self.split = ids, prompts, columns, split
@@ -51,7 +50,7 @@ class PromptRows(Rows):
         return len(self.ids)
 
     def __getitems__(self, indices: list[int]):
-        return Prompts(self.split, list(indices)), torch.tensor(indices, dtype=torch.long)
+        return Prompts(self.split, list(indices))
 
     def __getitem__(self, index: int):
         return self.__getitems__([index])
@@ -59,14 +58,13 @@ class PromptRows(Rows):
 
 @dataclass(frozen=True)
 class Slot:
-    """One micro-step of a rollout on one process: the prompts (rows of the split), their epoch, the rollout, which
-    of the --grpo-iterations and which micro-batch of its optimizer step."""
+    """One micro-step of a rollout on one process: the prompts (rows of the split), their epoch, the rollout and which
+    of the --grpo-iterations (which micro-batch of its optimizer step it is, the loop says: ctx.micro)."""
 
     rows: list[int]
     epoch: int
     rollout: int
     iteration: int
-    micro: int
 
     def to(self, *args, **kwargs) -> Slot:  # accelerate moves a batch to the device: nothing here to move
         return self
@@ -98,10 +96,10 @@ class RolloutSlots(Rows):
         k = indices[0] // self.batch  # the loader's batch: process k % P at micro-step k // P
         step, process = divmod(k, self.processes)
         rollout, within = divmod(step, self.iterations * self.micro)
-        iteration, micro = divmod(within, self.micro)
+        iteration = within // self.micro
         start = (rollout * self.processes + process) * self.batch
         rows = [int(self.order[(start + q) % len(self.order)]) for q in range(self.batch)]
-        return Slot(rows, self.epoch, rollout, iteration, micro), torch.tensor(rows, dtype=torch.long)
+        return Slot(rows, self.epoch, rollout, iteration)
 
     def __getitem__(self, index: int):
         return self.__getitems__([index])

@@ -19,7 +19,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
 
 import torch
 from torch import nn
@@ -28,19 +27,19 @@ from ...best import HIGHER
 from ...config import ConfigError, TrainConfig, first_line
 from ...data.splits import Splits
 from ...shape import DataShape
-from ..causal_lm.answers import Answers
-from ..causal_lm.generation import Completions, Sampling, completion_keys, fitting, generate, model_eos, stop_ids
-from ..causal_lm.logprobs import PromptCache, completion_logps, shares_prompts
+from ..causal_lm.generation import Completions, Sampling, completion_keys, fitting, generate
+from ..causal_lm.logprobs import PromptCache, bare, completion_logps, shares_prompts
 from ..causal_lm.prompts import prompt_ids
+from ..causal_lm.reference import Reference
+from ..causal_lm.task import CausalLM
 from ..causal_lm.tools import check_parses, check_renders_tools, load_tools, schema_of
 from ..contract import RunContext
-from ..hf_lm import HFCausalLM
 from . import loss as objective
 from .completions import CompletionsTable, taken
 from .environment import environment_reward, load_environment, made, methods
 from .figures import Figures, reserved
 from .options import RLOO_DEFAULTS, GRPOOptions
-from .prompts import PROMPT, RolloutSlots, Slot, is_prompts, load_prompts
+from .prompts import PROMPT, Prompts, RolloutSlots, Slot, is_prompts, load_prompts
 from .rewards import RewardCall, TrainerState, load_rewards, scores, total
 from .turns import Conversation, Toolkit, converse, counts
 
@@ -64,7 +63,7 @@ class Rollout:
         return torch.tensor_split(torch.arange(len(self.advantages)), count)[k]
 
 
-class GroupRelative(HFCausalLM):
+class GroupRelative(CausalLM):
     name = "grpo"
     goals = {"reward": HIGHER, "greedy_reward": HIGHER}  # no "loss": it evaluates by generating, not by a loss
     headline = "reward"
@@ -72,7 +71,6 @@ class GroupRelative(HFCausalLM):
     options = GRPOOptions
     targets_to_model = False  # the completions are scored, not given as labels
     step_shares = False  # its step divides by the rollout's own count (tasks/grpo/loss.py), known once it is generated
-    hints = {"predict": "it answers prompts with `anytrain sample RUN --prompt ...`"}
 
     @classmethod
     def detect(cls, source) -> str | None:
@@ -114,7 +112,8 @@ class GroupRelative(HFCausalLM):
         self.table = CompletionsTable()  # run_dir/completions.jsonl (tasks/grpo/completions.py)
         self.state: TrainerState | None = None  # the last training rollout's (what evaluation's rewards get)
         self.steps_per_epoch = 1  # optimizer steps per epoch (load_data)
-        self.frozen: nn.Module | None = None  # --kl-beta without LoRA: the starting model, frozen
+        lora = bool(cfg.model.lora_r)  # --kl-beta: the starting model, frozen, or with LoRA the model adapter off
+        self.reference = Reference(("adapter" if lora else "live") if self.o.kl_beta > 0 else "none")
         self.last_counts = (0, 0)  # the last micro-batch's completions and completion tokens
         self.device = torch.device("cpu")  # the run's (on_run_start)
         self.tools: list[Callable] = []  # --tools (load_data)
@@ -134,8 +133,7 @@ class GroupRelative(HFCausalLM):
         self.environment = load_environment(self.o.environment) if self.o.environment else None
         owned = environment_reward(self.environment) if self.environment else None
         self.rewards = load_rewards(self.o.reward, self.o.reward_weights, owned)
-        self.tokenizer = hf.load_tokenizer(self.cfg)
-        self.model_config = self.checked_config(self.tokenizer.pad_token_id)
+        self.read_model()
         positions = hf.max_positions(self.model_config) or self.cfg.data.max_length + self.o.max_new_tokens
         room = positions - self.o.max_new_tokens
         if room < 1:
@@ -147,7 +145,7 @@ class GroupRelative(HFCausalLM):
         self.room = self.prompt_room(positions)
         rows, source, chats = load_prompts(self.cfg, self.tokenizer, given, self.room, schemas)
         self.prompts = rows  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
-        self.stops = stop_ids(self.tokenizer, model_eos(self.cfg, self.model_config), chats)
+        self.stops = self.stops_for(chats)
         if schemas:
             self.kit = Toolkit(self.tokenizer, self.stops, positions, self.o.max_tool_calls, self.o.tool_timeout,
                                self.o.generate_batch)  # fmt: skip
@@ -158,9 +156,8 @@ class GroupRelative(HFCausalLM):
         )
         facts = {"tokenizer": f"{type(self.tokenizer).__name__} (the model's own)", "train_prompts": len(rows["train"]),
                  "prompt_format": "chats" if chats else "text", "train_rollouts_per_epoch": train.rollouts}  # fmt: skip
-        meta = {"stop_ids": self.stops, "chat_template": "yes" if chats else "no"}
         self.data = Splits.of({**rows, "train": train}, shape, source, input_columns=["prompt"], facts=facts,
-                              metadata=meta, tokenizer=self.tokenizer)  # fmt: skip
+                              tokenizer=self.tokenizer)  # fmt: skip
         return self.data
 
     def prompt_room(self, positions: int) -> tuple[int, str]:
@@ -181,10 +178,7 @@ class GroupRelative(HFCausalLM):
     def on_run_start(self, ctx: RunContext) -> None:
         """The start-up line; with --kl-beta and full fine-tuning, a frozen copy of the starting model."""
         self.device = ctx.accelerator.device
-        if self.o.kl_beta > 0 and not self.cfg.model.lora_r:
-            import copy
-
-            self.frozen = copy.deepcopy(ctx.accelerator.unwrap_model(ctx.model)).eval().requires_grad_(False)
+        self.reference.start(ctx)
         names = ", ".join(f"{r.name} (x{r.weight:g})" for r in self.rewards)
         shared = self.sharing(ctx)
         ctx.accelerator.print(
@@ -206,13 +200,13 @@ class GroupRelative(HFCausalLM):
         return why if self.shared is not None else f"each row whole, as {why}"
 
     # --------------------------------------------------------------------------- the step
-    def train_step(self, ctx: RunContext, batch) -> torch.Tensor:
-        """The rollout at the first micro-batch of its first step; then this micro-batch's completions trained."""
-        slot, _ = batch
-        if self.rollout is None or (slot.iteration == 0 and slot.micro == 0):
+    def train_step(self, ctx: RunContext, slot: Slot) -> torch.Tensor:
+        """The rollout at the first micro-batch of its first step; then this micro-batch's completions trained (which
+        of the step's micro-batches it is: ctx.micro of ctx.micro_batches)."""
+        if self.rollout is None or (slot.iteration == 0 and ctx.micro == 0):
             self.rollout = self.roll_out(ctx, slot)
         rollout = self.rollout
-        index = rollout.micro_batch(slot.micro, self.cfg.optim.grad_accum_steps)
+        index = rollout.micro_batch(ctx.micro, ctx.micro_batches)
         rows = rollout.rows.rows(index)
         logps = completion_logps(ctx.forward, rows, self.o.temperature, self.shared)
         old = logps.detach() if rollout.old is None else rollout.old[index]
@@ -246,7 +240,7 @@ class GroupRelative(HFCausalLM):
         keep = objective.counted(done.completion, done.truncated, self.o.mask_truncated)
         kl_in_reward = self.o.advantage == "rloo" and self.o.kl_beta > 0
         with torch.no_grad(), accelerator.autocast(), self.figures.timed("logps"):
-            old = self.rollout_logps(model, done) if self.o.grpo_iterations > 1 or kl_in_reward else None
+            old = self.rollout_logps(bare(model), done) if self.o.grpo_iterations > 1 or kl_in_reward else None
             ref = self.reference_logps(model, done) if self.o.kl_beta > 0 else None
         advantage = self.advantages(accelerator, reward, keep, old, ref)
         old = old if self.o.grpo_iterations > 1 else None  # one step per rollout: the policy itself, detached
@@ -272,12 +266,11 @@ class GroupRelative(HFCausalLM):
         normalise = accelerator.gather if o.normalize_advantages else None
         return objective.advantages(reward, o.num_generations, o.scale_rewards, batch_std, o.advantage, normalise)
 
-    def rollout_logps(self, model: nn.Module, done: Completions) -> torch.Tensor:
-        """The rollout's per-token log-probabilities under `model` (no gradients), a micro-batch of completions at a
-        time: the peak is one micro-batch's, as in training."""
+    def rollout_logps(self, call: Callable, done: Completions) -> torch.Tensor:
+        """The rollout's per-token log-probabilities under the model `call` calls (logprobs.bare: no gradients, no
+        wrappers), a micro-batch of completions at a time: the peak is one micro-batch's, as in training."""
         count = self.cfg.optim.grad_accum_steps
         pieces = torch.tensor_split(torch.arange(len(done.ids)), count)
-        call = lambda inputs: model(**inputs)  # noqa: E731 - the bare model: no gradients, no wrappers
         return torch.cat(
             [completion_logps(call, done.rows(index), self.o.temperature, self.shared) for index in pieces]
         )
@@ -285,10 +278,8 @@ class GroupRelative(HFCausalLM):
     def reference_logps(self, model: nn.Module, done: Completions) -> torch.Tensor:
         """The reference's per-token log-probabilities: the frozen starting model, or the model with its adapter off
         (LoRA: its weights as they were loaded)."""
-        if self.frozen is not None:
-            return self.rollout_logps(self.frozen, done)
-        with cast(Any, model).disable_adapter():
-            return self.rollout_logps(model, done)
+        with self.reference.calling(model) as reference:
+            return self.rollout_logps(reference, done)
 
     # --------------------------------------------------------------------------- completions, with tools or not
     def complete(
@@ -430,29 +421,22 @@ class GroupRelative(HFCausalLM):
         return figures
 
     # --------------------------------------------------------------------------- evaluation
-    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
+    def eval_batch(self, model: nn.Module, batch: Prompts, forward: Callable) -> dict:
         """Each prompt answered once by sampling (its own key) and once greedily: their rewards."""
         from ..causal_lm.generation import unwrapped
 
-        split, rows = inputs.split, inputs.rows
+        split, rows = batch.split, batch.rows
         keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS[split], 0, torch.tensor(rows), 1)
         stats = {}
         for name, k in (("reward", keys), ("greedy_reward", None)):
             done, talks = self.complete(unwrapped(model), split, rows, 1, k)
-            reward = total(self.score(done, rows, split, 1, talks=talks)[0], self.rewards).to(targets.device)
+            reward = total(self.score(done, rows, split, 1, talks=talks)[0], self.rewards).to(self.device)
             stats[name], stats[f"{name}_scored"] = reward.nan_to_num(0.0), (~reward.isnan()).double()
         return stats
 
     def metrics(self, sums: dict, count: int) -> dict:
         """Each reward's mean over the completions some function scored (0 where none was); no loss."""
         return {k: sums[k].item() / max(sums[f"{k}_scored"].item(), 1.0) for k in ("reward", "greedy_reward")}
-
-    def weights_metadata(self) -> dict:
-        return {**super().weights_metadata(), **self.data.metadata}  # + the stop ids, whether it trained on chats
-
-    def sample(self, model: nn.Module, folder, meta: dict, prompt: str, settings: dict) -> str:
-        """The reply to the prompt, in a user turn of the chat template (as it is for text prompts)."""
-        return Answers.sample(model, folder, meta, prompt, settings)
 
     def describe_data(self, model: nn.Module) -> dict:
         o = self.o

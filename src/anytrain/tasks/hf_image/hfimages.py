@@ -45,8 +45,8 @@ class ProcessedImages(BatchRows):
     """One split: rows in Arrow (images encoded) and labels; a batch is ({"pixel_values"}, labels), the images
     decoded and prepared by the processor only when the DataLoader asks for them."""
 
-    def auto_workers(self) -> int:
-        return auto_image_workers()
+    def auto_workers(self, local_processes: int = 1) -> int:
+        return auto_image_workers(local_processes)
 
     def __init__(self, rows, column: str, targets: torch.Tensor, processor, mode: str, split: str):
         self.rows = rows.select_columns([column]).cast_column(column, undecoded())

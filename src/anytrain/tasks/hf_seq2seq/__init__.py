@@ -76,10 +76,11 @@ class Seq2Seq(TokenWeighted):
         )
         return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-    def eval_batch(self, model: nn.Module, inputs, targets: torch.Tensor, forward: Callable) -> dict:
+    def eval_batch(self, model: nn.Module, batch, forward: Callable) -> dict:
         """The target tokens' loss and accuracy (teacher-forced), then the greedy generations' exact match and
         BLEU statistics, per sample."""
-        stats = super().eval_batch(model, inputs, targets, forward)
+        stats = super().eval_batch(model, batch, forward)
+        inputs, targets = batch
         hypotheses = self.generate(model, inputs, do_sample=False, num_beams=1)
         references = self.tokenizer.batch_decode(
             targets.masked_fill(targets == IGNORE, self.tokenizer.pad_token_id), skip_special_tokens=True

@@ -1,4 +1,4 @@
-"""reward: a transformers sequence classifier with one output, trained on preference pairs (tasks/dpo/pairs.py,
+"""reward: a transformers sequence classifier with one output, trained on preference pairs (causal_lm/pairs.py,
 the same formats as dpo) with the Bradley-Terry loss, -log σ(r_chosen - r_rejected), the mean over the pairs of
 the optimizer step on any number of ranks and accumulation steps. Each batch of B pairs is one forward pass over
 its 2B sequences. The metric is pairwise accuracy (the chosen answer scored above the rejected one), with the mean
@@ -7,7 +7,9 @@ margin. It exports a folder AutoModelForSequenceClassification loads (num_labels
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -16,8 +18,9 @@ from torch.nn import functional as F
 from ...best import HIGHER, LOWER
 from ...data.splits import Splits
 from ...hf import Head
-from ...shape import DataShape
 from ...usermodel import logits_of
+from ..causal_lm.pairs import PairBatch
+from ..contract import RunContext
 from ..transformers import Transformers
 
 
@@ -30,43 +33,53 @@ class RewardModel(Transformers):
     targets_to_model = False  # the loss is the pairs'; the model is given the texts only
     step_shares = True  # the loss: loss_sum over the batch's share of its step's pairs (ctx.share)
 
-    def load_data(self, given=None) -> Splits:
-        from ..dpo.task import load_pairs
+    def train_step(self, ctx: RunContext, batch: PairBatch) -> torch.Tensor:
+        """The batch's 2B sequences scored in one forward pass; the loss over the batch's share of the step's pairs."""
+        return ctx.loss(ctx.forward(batch.inputs), cast(Any, batch))  # the criterion hands it to loss_sum
 
-        rows, _ = load_pairs(self, given)
-        for split in rows.values():
-            split.answers_in_inputs = False  # a classifier reads the texts only
+    def eval_batch(self, model: nn.Module, batch: PairBatch, forward: Callable) -> dict:
+        return self.per_sample(forward(model, batch.inputs, None), batch)
+
+    def batch_counts(self, batch: PairBatch) -> tuple[int, int]:
+        return batch.counts()
+
+    def load_data(self, given=None) -> Splits:
+        from ... import hf
+        from ..causal_lm.pairs import pair_splits
+
+        self.tokenizer = hf.load_tokenizer(self.cfg)
+        self.model_config = self.checked_config(self.tokenizer.pad_token_id)
+        self.data, _ = pair_splits(self.cfg, self.tokenizer, given, self.run.pad_multiple)
+        for split in (self.data.train, self.data.validation, self.data.test):
+            if split is not None:
+                split.answers_in_inputs = False  # type: ignore[attr-defined]  # a classifier reads the texts only
         self.data.input_columns = ["text"]
         return self.data
 
     def checked_config(self, pad_id: int | None):
-        from ... import hf
+        """One output: the score."""
+        from ..transformers import checked_config
 
-        config = hf.model_config(self.cfg, self.head, self.name, pad_id, ["reward"])  # one output: the score
-        hf.check_vocabulary(self.cfg, self.tokenizer, config)
-        return config
+        return checked_config(self.cfg, self.head, self.name, pad_id, self.tokenizer, ["reward"])
 
-    def margins(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+    def margins(self, outputs, pairs: PairBatch) -> torch.Tensor:
         """r_chosen - r_rejected per pair, from the scores of the batch's 2B sequences (the chosen first)."""
         scores = logits_of(outputs).float()[:, 0]
-        b = len(targets)
+        b = len(pairs)
         return scores[:b] - scores[b : 2 * b]
 
-    def loss_sum(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+    def loss_sum(self, outputs, targets: PairBatch) -> torch.Tensor:  # type: ignore[override]  # the pairs
         return -F.logsigmoid(self.margins(outputs, targets)).sum()
 
-    def loss(self, outputs, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, outputs, targets: PairBatch) -> torch.Tensor:  # type: ignore[override]
         return self.loss_sum(outputs, targets) / len(targets)
 
-    def per_sample(self, outputs, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    def per_sample(self, outputs, targets: PairBatch) -> dict[str, torch.Tensor]:  # type: ignore[override]
         margin = self.margins(outputs, targets)
         return {"loss": -F.logsigmoid(margin), "accuracy": (margin > 0).double(), "margin": margin}
 
     def metrics(self, sums: dict, count: int) -> dict:
         return {k: v.item() / count for k, v in sums.items()}
-
-    def example_targets(self, shape: DataShape, batch: int) -> torch.Tensor:
-        return torch.zeros(batch // 2, 2)
 
     def weights_metadata(self) -> dict:
         return {**super().weights_metadata(), "input_columns": ["text"]}

@@ -38,8 +38,8 @@ from ...data.packing import PackedRows
 from ...data.sources import carve_rows, opened
 from ...data.splits import Rows, Splits
 from ...shape import IGNORE, DataShape
-from ..causal_lm.prompts import check_messages, render
-from ..causal_lm.tools import check_renders_tools
+from .prompts import check_messages, render
+from .tools import check_renders_tools
 
 MESSAGES, PROMPT, COMPLETION, TOOLS = "messages", "prompt", "completion", "tools"
 

@@ -1,4 +1,4 @@
-"""Preference pairs for a transformers causal LM (`--task dpo`, `--task reward`), in TRL's preference formats:
+"""Preference pairs (`--task dpo` on a causal LM, `--task reward` on a sequence classifier), in TRL's formats:
 
     prompt, chosen, rejected   text, or lists of {"role", "content"} messages (the prompt rendered by the chat
                                template with its generation prompt, each answer as the turns that follow it)
@@ -18,17 +18,16 @@ An answer longer than the room left is cut at --max-length (said at start, with 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ...config import ConfigError, TrainConfig
 from ...data.sources import carve_rows, opened
-from ...data.splits import Rows
-from ...shape import IGNORE
-from ..causal_lm.prompts import check_messages, render
-from ..hf_sft.chats import tokenise
+from ...data.splits import Rows, Splits
+from ...shape import IGNORE, DataShape
+from .prompts import check_messages, render
 
 PROMPT, CHOSEN, REJECTED = "prompt", "chosen", "rejected"
 
@@ -114,13 +113,27 @@ class PairRenderer:
         return through, len(before)
 
 
-class PairBatch(NamedTuple):
-    """A batch of B pairs: the model's inputs for its 2B sequences (the chosen first) and the pairs' reference
-    log-probabilities (B, 2: chosen, rejected; NaN where they are not cached). A tuple, so the loop unpacks it as
-    (inputs, targets) like any batch."""
+@dataclass(frozen=True)
+class PairBatch:
+    """A batch of B pairs (dpo's, reward's): the model's inputs for its 2B sequences (the chosen first) and the pairs'
+    reference log-probabilities (B, 2: chosen, rejected; NaN where they are not cached)."""
 
     inputs: dict
     reference: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.reference)  # pairs
+
+    def to(self, device, non_blocking: bool = False) -> PairBatch:
+        """On `device` (accelerate's send_to_device calls this, as the prepared loader and the start-up check do)."""
+        from accelerate.utils import send_to_device
+
+        inputs = send_to_device(self.inputs, device, non_blocking=non_blocking)
+        return PairBatch(inputs, self.reference.to(device, non_blocking=non_blocking))
+
+    def counts(self) -> tuple[int, int]:
+        """(pairs, tokens of their sequences, padding included): what the batch counts for in the throughput."""
+        return len(self), self.inputs["input_ids"].numel()
 
 
 class PairRows(Rows):
@@ -224,10 +237,28 @@ def check_prompt(tokens: int, max_length: int, name: str, where: str) -> None:
         )
 
 
+def split_pair(tokenizer, texts: list[tuple[str, int]], plain: bool) -> list[tuple[list[int], list[bool]]]:
+    """A pair's two sequences (each text and where its answer starts) as TRL 1.16 splits them (DPOTrainer's
+    tokenize_fn): the prompt tokenised alone and each sequence whole; both answers start where the prompt's tokens and
+    the first sequence to leave them part (the shorter trl.data_utils.common_prefix_length). So a token that the
+    prompt's end shares with one answer counts in both: "... A: wh" is " w" "h" alone and " w" "hat" before "at.",
+    and the rejected answer of "wh." is "h" ".". A first token that straddles the prompt's end (a byte-level BPE's
+    " word" after a prompt ending in a space) is the answer's. Returns each sequence's ids and answer flags."""
+    text, start = texts[0]
+    prompt = tokenizer(text[:start], add_special_tokens=plain)["input_ids"]
+    sequences = [tokenizer(text, add_special_tokens=plain)["input_ids"] for text, _ in texts]
+    shared = min(common_prefix(prompt, ids) for ids in sequences)
+    return [(ids, [k >= shared for k in range(len(ids))]) for ids in sequences]
+
+
+def common_prefix(ids: list[int], other: list[int]) -> int:
+    return next((k for k, (a, b) in enumerate(zip(ids, other)) if a != b), min(len(ids), len(other)))
+
+
 def encode(ds, renderer: PairRenderer, max_length: int):
-    """The split as a datasets.Dataset of each pair's two sequences (token ids, answer flags), cut at --max-length,
-    and how many answers were cut. ConfigError naming the row (as read) when a prompt leaves no room for an answer
-    or has no token of its own."""
+    """The split as a datasets.Dataset of each pair's two sequences (token ids, answer flags: split_pair), cut at
+    --max-length, and how many answers were cut. ConfigError naming the row (as read) when a prompt leaves no room for
+    an answer or has no token of its own."""
     import datasets
 
     if len(ds) == 0:
@@ -235,12 +266,9 @@ def encode(ds, renderer: PairRenderer, max_length: int):
     ids, answers, cut = [], [], 0
     for index, row in enumerate(ds):
         where = f"--dataset: row {index} of the {renderer.split} split of {renderer.source}"
-        for (text, start), name in zip(renderer(row, index), (CHOSEN, REJECTED)):
-            plain = not isinstance(
-                row[CHOSEN], list
-            )  # text gets the tokenizer's own special tokens; a chat, its template's
-            tokens, labels = tokenise(renderer.tokenizer, text, [(start, len(text))], plain)
-            answer = [label != IGNORE for label in labels]
+        plain = not isinstance(row[CHOSEN], list)  # text: the tokenizer's own special tokens; a chat: its template's
+        pair = split_pair(renderer.tokenizer, renderer(row, index), plain)
+        for (tokens, answer), name in zip(pair, (CHOSEN, REJECTED)):
             check_prompt(answer.index(True) if True in answer else len(answer), max_length, name, where)
             cut += len(tokens) > max_length
             ids.append(tokens[:max_length])
@@ -286,3 +314,34 @@ def pair_rows(cfg: TrainConfig, tokenizer, given, multiple) -> tuple[dict, str, 
     if cut:
         notes.append(f"--max-length {cfg.data.max_length} cuts {cut:,} of {seen:,} answers short (their ends)")
     return rows, form + (" chats" if chat else " text"), source, notes
+
+
+def pair_splits(cfg: TrainConfig, tokenizer, given, multiple) -> tuple[Splits, str]:
+    """What dpo and reward read the same way: the pairs (pair_rows) as the task's Splits, and their format ("explicit
+    chats", "implicit text", ...)."""
+    rows, form, source, notes = pair_rows(cfg, tokenizer, given, multiple)
+    train = rows["train"]
+    facts = {
+        "tokenizer": f"{type(tokenizer).__name__} (the model's own)",
+        "vocab_size": len(tokenizer),
+        "pair_format": form,
+        "train_pairs": len(train),
+        "train_tokens": int(train.lengths.sum()),
+        "train_answer_tokens": int(train.answer.sum()),
+        "data_path": "rendered and tokenised, "
+        + ("each batch's sequences packed into rows of --max-length" if cfg.data.packing else "padded per batch"),
+    }
+    shape = DataShape(
+        "tokens", vocab_size=len(tokenizer), max_length=cfg.data.max_length, pad_id=tokenizer.pad_token_id
+    )
+    data = Splits.of(
+        rows,
+        shape,
+        source,
+        input_columns=["prompt"],
+        facts=facts,
+        tokenizer=tokenizer,
+        tokens_per_sample=float(train.lengths.sum() / max(len(train), 1)),
+    )
+    data.notes.extend(notes)
+    return data, form

@@ -1,26 +1,30 @@
-"""A causal LM's loss without its full logits: the output layer and the cross-entropy taken together, a chunk
-of tokens at a time (as TRL's SFTTrainer and Liger's fused linear cross-entropy do). The logits of a batch
-are batch x length x vocabulary floats, with a 128k vocabulary the largest tensor of a fine-tuning step, and
-unfused training holds them, their float copy and their gradient at once; here one chunk's logits exist at a
-time and the gradients of the chunk's hidden states and of the output layer are computed while they do.
+"""The causal LM as the loop trains it: `CausalLMHead`, the module accelerate prepares around a transformers causal
+LM (or its peft model), and the output layer's loss without the full logits.
 
-`install(model)` gives a transformers causal LM a forward that does this whenever it is given labels (training
-and teacher-forced evaluation); without labels (generation) it is the model's own forward. The loss is the
-model's own: the sum of the next-token cross-entropy over the targets divided by `num_items_in_batch` (else
-their count); evaluation also gets each row's summed loss, targets and correct tokens (`row_stats`).
+The logits of a batch are batch x length x vocabulary floats, with a 128k vocabulary the largest tensor of a
+fine-tuning step; unfused training holds them, their float copy and their gradient at once. Here the output layer
+and the cross-entropy are taken together a chunk of tokens at a time (as TRL's SFTTrainer and Liger's fused linear
+cross-entropy do): one chunk's logits exist at a time, and the gradients of its hidden states and of the output layer
+are computed while they do (`ChunkedNLL`).
 
-The same forward is the one contract hook for per-token log-probabilities (tasks/causal_lm/logprobs.py): given
-`labels` and `temperature=T`, it returns `TokenLogps`, each labelled token's log-probability under softmax(logits
-/ T), 0 at every other position, computed the same chunked way (the groups of `ChunkedNLL` one per token). It runs
-inside the model's forward, so DDP's and FSDP's wrappers see it and synchronise its gradients. A model whose logits
-cannot be taken from its output layer (`why_not`) computes them with its own forward and its full logits.
+`CausalLMHead(model, fused)` holds the transformers model's own submodules under their own names, so its weights,
+checkpoints and saved files are the model's, name for name. Its forward answers three calls, each through the one
+module that DDP and FSDP wrap, so their gradients synchronise:
+  - `head(**inputs, labels=..., num_items_in_batch=...)`: the model's own loss, the sum of the next-token
+    cross-entropy over the targets divided by num_items_in_batch (else their count), fused; in evaluation also each
+    row's summed loss, targets and correct tokens (`FusedOutput.row_stats`);
+  - `head(LogpsRequest(inputs, labels, temperature))`: `TokenLogps`, each labelled token's log-probability under
+    softmax(logits / T), 0 elsewhere (tasks/causal_lm/logprobs.py takes every log-probability this way);
+  - `head(**inputs)` without labels: the model's own forward (a prompt's key-value cache).
+Whether the loss is fused is decided once, when the head is made (`why_not`: the model's output layer and logit
+scaling, and whether the run shards the output layer, a run fact): a model that cannot be fused computes its
+loss and log-probabilities from its own full logits. Generation and saving use the transformers model itself
+(`CausalLMHead.wrapped`).
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import types
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -28,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .shape import IGNORE
+from ...shape import IGNORE
 
 CHUNK_ELEMENTS = 2**24  # logits per chunk (64 MiB of float32), at least MIN_CHUNK tokens (148 MiB at a 152k vocabulary)
 MIN_CHUNK = 256
@@ -168,8 +172,9 @@ class FusedOutput:
     logits: None = None
 
 
-def why_not(model: nn.Module) -> str | None:
-    """Why this causal LM keeps its own loss (None: it can be fused)."""
+def why_not(model: nn.Module, shards: bool = False) -> str | None:
+    """Why this causal LM keeps its own loss (None: it can be fused); `shards`: the run shards the output layer
+    (FSDP, DeepSpeed: RunFacts.shards)."""
     head = cast(Any, model).get_output_embeddings()  # a transformers model
     backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
     if not isinstance(head, nn.Linear) or not isinstance(backbone, nn.Module) or backbone is model:
@@ -177,17 +182,9 @@ def why_not(model: nn.Module) -> str | None:
     scaled = [name for name in SCALED_LOGITS if getattr(model.config, name, None) not in (None, 1, 1.0)]
     if scaled:
         return f"its logits are rescaled ({scaled[0]})"
-    if os.environ.get("ACCELERATE_USE_FSDP") == "true" or os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
+    if shards:
         return "FSDP and DeepSpeed shard the output layer"
     return None
-
-
-def install(model: nn.Module) -> str | None:
-    """Give the model the fused forward (with labels) and the per-token log-probabilities; returns why its loss is
-    not fused (None when it is): then, given labels alone, the model computes its own loss."""
-    reason = why_not(model)
-    model.forward = types.MethodType(fused_forward(type(model).forward, fused=reason is None), model)
-    return reason
 
 
 def routes(model: nn.Module, kwargs: dict) -> bool:
@@ -255,40 +252,116 @@ def own_token_logps(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
     return F.pad(torch.cat(rows), (1, 0))
 
 
-def fused_forward(own_forward, fused: bool = True):
-    def forward(self, *args, labels=None, num_items_in_batch=None, temperature=None, **kwargs):
+@dataclass(frozen=True)
+class LogpsRequest:
+    """A call for per-token log-probabilities: the model's inputs (ids, mask, positions, a key-value cache), the
+    labels (the ids whose log-probability is taken, IGNORE elsewhere) and the sampling temperature."""
+
+    inputs: dict[str, Any]
+    labels: torch.Tensor
+    temperature: float = 1.0
+
+
+class CausalLMHead(nn.Module):
+    """A transformers causal LM (or its peft model) as the loop trains it (module docstring). `wrapped` is the model
+    itself, for generate and save_pretrained; attributes the head does not have are the model's (its config, its
+    generation config, peft's disable_adapter)."""
+
+    def __init__(self, model: nn.Module, fused: bool):
+        super().__init__()
+        for name, child in model.named_children():  # the model's own names: the same weights' names
+            self.add_module(name, child)
+        for name, param in model.named_parameters(recurse=False):
+            self.register_parameter(name, param)
+        for name, buffer in model.named_buffers(recurse=False):
+            self.register_buffer(name, buffer)
+        self.__dict__["_wrapped"] = model  # not a submodule: its submodules are the head's
+        self.__dict__["_causal_lm"] = transformers_model(model)
+        self.fused = fused
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            model = self.__dict__.get("_wrapped")
+            if model is None:
+                raise
+            return getattr(model, name)
+
+    @property
+    def wrapped(self) -> nn.Module:
+        """The transformers model, or its peft model: what generates and is saved."""
+        return self.__dict__["_wrapped"]
+
+    @property
+    def causal_lm(self) -> Any:
+        """The transformers causal LM itself (inside a peft model, its base model): its backbone and output layer."""
+        return self.__dict__["_causal_lm"]
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.wrapped.train(mode)  # the model's own flag too (its submodules are the head's)
+        return self
+
+    def forward(self, request: LogpsRequest | torch.Tensor | None = None, *, labels=None, num_items_in_batch=None,
+                **inputs):  # fmt: skip
+        """A LogpsRequest's TokenLogps; else the model's inputs (the ids may come first, as a model's do)."""
+        if isinstance(request, LogpsRequest):
+            return TokenLogps(self.token_logps(request))
+        if request is not None:
+            inputs["input_ids"] = request
         if labels is None:
-            return own_forward(self, *args, **kwargs)
-        if temperature is not None:  # the per-token log-probabilities (TokenLogps)
-            if not fused:
-                logits = own_forward(self, *args, **{**kwargs, "use_cache": False}).logits
-                return TokenLogps(own_token_logps(logits, labels, temperature))
-            hidden = getattr(self, self.base_model_prefix)(*args, **{**kwargs, "use_cache": False}).last_hidden_state
-            return TokenLogps(token_logps(hidden, self.get_output_embeddings(), labels, temperature))
-        if not fused:
-            return own_forward(self, *args, labels=labels, num_items_in_batch=num_items_in_batch, **kwargs)
-        return fused_loss(self, args, labels, num_items_in_batch, kwargs)
+            return self.wrapped(**inputs)
+        if not self.fused:
+            return self.wrapped(**inputs, labels=labels, num_items_in_batch=num_items_in_batch)
+        return self.fused_loss(inputs, labels, num_items_in_batch)
 
-    return forward
+    def token_logps(self, request: LogpsRequest) -> torch.Tensor:
+        """TokenLogps' (B, T): through the chunked output layer, or the model's own logits where it is not fused."""
+        inputs = {**request.inputs, "use_cache": False}
+        if not self.fused:
+            return own_token_logps(self.wrapped(**inputs).logits, request.labels, request.temperature)
+        lm = self.causal_lm
+        hidden = getattr(lm, lm.base_model_prefix)(**inputs).last_hidden_state
+        return token_logps(hidden, lm.get_output_embeddings(), request.labels, request.temperature)
+
+    def fused_loss(self, inputs: dict, labels: torch.Tensor, num_items_in_batch) -> FusedOutput:
+        """The fused loss of a labelled batch (module docstring); in evaluation also each row's statistics."""
+        lm = self.causal_lm
+        router = routes(lm, inputs)
+        outputs = getattr(lm, lm.base_model_prefix)(
+            **{**inputs, "use_cache": False, **({"output_router_logits": True} if router else {})}
+        )
+        hidden = outputs.last_hidden_state[:, :-1]
+        targets = labels[:, 1:]  # position t predicts token t + 1
+        head = lm.get_output_embeddings()
+        chunk = chunk_tokens(head.weight.shape[0])
+        if not torch.is_grad_enabled():
+            stats = row_stats(hidden, head.weight, head.bias, targets, chunk)
+            count = stats["tokens"].sum().clamp(min=1)
+            return FusedOutput(stats["token_loss"].sum() / count, stats)
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        total = ChunkedNLL.apply(flat, head.weight, head.bias, targets.reshape(-1), None, 1, chunk)
+        count = num_items_in_batch if num_items_in_batch is not None else (targets != IGNORE).sum().clamp(min=1)
+        loss = total / count
+        if router:
+            loss = loss + router_loss(lm, outputs, inputs.get("attention_mask"))
+        return FusedOutput(loss)
 
 
-def fused_loss(self, args: tuple, labels: torch.Tensor, num_items_in_batch, kwargs: dict) -> FusedOutput:
-    """The fused loss of a labelled batch (module docstring); in evaluation also each row's statistics."""
-    backbone = getattr(self, self.base_model_prefix)
-    router = routes(self, kwargs)
-    outputs = backbone(*args, **{**kwargs, "use_cache": False, **({"output_router_logits": True} if router else {})})
-    hidden = outputs.last_hidden_state[:, :-1]
-    targets = labels[:, 1:]  # position t predicts token t + 1
-    head = self.get_output_embeddings()
-    chunk = chunk_tokens(head.weight.shape[0])
-    if not torch.is_grad_enabled():
-        stats = row_stats(hidden, head.weight, head.bias, targets, chunk)
-        count = stats["tokens"].sum().clamp(min=1)
-        return FusedOutput(stats["token_loss"].sum() / count, stats)
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    total = ChunkedNLL.apply(flat, head.weight, head.bias, targets.reshape(-1), None, 1, chunk)
-    count = num_items_in_batch if num_items_in_batch is not None else (targets != IGNORE).sum().clamp(min=1)
-    loss = total / count
-    if router:
-        loss = loss + router_loss(self, outputs, kwargs.get("attention_mask"))
-    return FusedOutput(loss)
+def transformers_model(model: nn.Module) -> nn.Module:
+    """The transformers causal LM itself: inside a peft model, its base model's."""
+    from transformers import PreTrainedModel
+
+    return next(m for m in model.modules() if isinstance(m, PreTrainedModel) and hasattr(m, "base_model_prefix"))
+
+
+def head_of(model: nn.Module, shards: bool = False) -> tuple[CausalLMHead, str | None]:
+    """The model as the loop trains it, and why its loss is not fused (None: it is)."""
+    reason = why_not(transformers_model(model), shards)
+    return CausalLMHead(model, fused=reason is None), reason
+
+
+def plain(model: nn.Module) -> nn.Module:
+    """The transformers model (or peft model) itself, for generate and saving; any other model as it is."""
+    return model.wrapped if isinstance(model, CausalLMHead) else model

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ...data.splits import Splits
-from ..causal_lm.logprobs import sequence_logps
+from .logprobs import bare, sequence_logps
 
 FILE = "reference_logps.safetensors"
 SPLITS = ("train", "validation", "test")
@@ -72,7 +72,7 @@ def compute(accelerator, model: nn.Module, rows, batch_size: int) -> torch.Tenso
         inputs = rows.padded_batch(rows.sequences(indices))
         with accelerator.autocast():
             batch = {k: v.to(accelerator.device) for k, v in inputs.items()}
-            table = sequence_logps(lambda given: model(**given), batch)
+            table = sequence_logps(bare(model), batch)
         mine.append((start, table[:, 0].view(2, -1).T.float().cpu()))
     items = gather_object(mine) if accelerator.num_processes > 1 else mine  # every rank's (start, values), in order
     model.train(was_training)
