@@ -1,4 +1,4 @@
-"""The fused LM-head loss (src/anytrain/lmhead.py) against the model's own loss over its full logits: training
+"""The fused LM-head loss (tasks/causal_lm/head.py) against the model's own loss over its full logits: training
 tokens/s and peak memory of a causal LM's step (forward with labels, backward, AdamW) at two vocabulary sizes, the
 two variants interleaved over the rounds, the best round counts. On a GPU the peak is CUDA's peak allocated memory;
 on a CPU it is the process's peak resident set (meaningful only for the first variant run, so read the CPU figures
@@ -21,16 +21,18 @@ import torch
 def one_variant(folder: Path, vocabulary: int, fused: bool, args, device: torch.device) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from anytrain import lmhead
     from anytrain.outputs import process_peak_rss
+    from anytrain.tasks.causal_lm.head import head_of
 
     config = AutoConfig.from_pretrained(folder)
     config.vocab_size, config.use_cache = vocabulary, False
     torch.manual_seed(0)
     with device:  # the weights made where they train (a 250 M model's random init on a CPU takes seconds)
         model = AutoModelForCausalLM.from_config(config).train()
-    if fused and lmhead.install(model) is not None:
-        raise SystemExit(f"lmhead_bench: the fused loss does not apply to {folder}")
+    if fused:
+        model, why = head_of(model)  # the module anytrain trains: the fused output layer
+        if why is not None:
+            raise SystemExit(f"lmhead_bench: the fused loss does not apply to {folder}: {why}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     ids = torch.randint(vocabulary, (args.rows, args.length), generator=torch.Generator().manual_seed(1)).to(device)
     dtype = {"bf16": torch.bfloat16, "fp32": None}[args.precision]

@@ -10,7 +10,7 @@ For each seed, every stage an anytrain run in OUT/seed-N/STAGE:
                error earns 1 more
     more-sft   control: the SFT continued from the same hf/ folder for --steps steps
 One function then answers the same held-out sums (another seed's, in neither training set) with every hf/ folder,
-through anytrain's own rollout code (tasks/grpo/turns.py: the calls parsed, run and answered as in training):
+through anytrain's own rollout code (tasks/causal_lm/turns.py: the calls parsed, run and answered as in training):
 greedy, and G sampled answers at temperature 1. For each: the share of answers that called add, the share of calls
 that were well formed (parsed, and ran without an error: the malformed turns count as calls that were not), the
 share whose final reply is the sum; pass@G of the sampled ones. It prints a table and writes OUT/results.json.
@@ -53,7 +53,7 @@ def answer_all(folder: Path, rows: list[dict], keys, max_new_tokens: int) -> lis
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from anytrain.tasks.causal_lm.generation import Sampling, stop_ids
-    from anytrain.tasks.grpo.turns import Conversation, Toolkit, converse
+    from anytrain.tasks.causal_lm.turns import Conversation, Toolkit, converse
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()

@@ -322,7 +322,7 @@ def test_reward_functions_get_the_datasets_columns_and_none_leaves_a_value_out(f
 
 def test_the_bundled_questions_are_prompts_with_answers_the_answer_reward_checks():
     from anytrain.data.instructions import load_questions
-    from anytrain.tasks.grpo.prompts import is_prompts
+    from anytrain.tasks.causal_lm.prompt_rows import is_prompts
     from anytrain.tasks.grpo.rewards import answer_reward
 
     ds = load_questions()
@@ -391,7 +391,7 @@ def learnt(folders, model, tmp_path_factory):
         return real(model, prompts, keys, sampling, chunk, shared)
 
     with contextlib.redirect_stdout(printed), pytest.MonkeyPatch.context() as patch:
-        patch.setattr("anytrain.tasks.grpo.task.generate", generate)  # the rollouts' chunks, recorded
+        patch.setattr("anytrain.tasks.causal_lm.rollout.generate", generate)  # the rollouts' chunks, recorded
         patch.setattr(generation, "free_bytes", lambda device: 2 * 20 * generation.row_bytes(model, 30))
         summary = in_process(run, *args(folders, "--max-steps", "16", "--num-generations", "8", "--lr", "1e-2"))
     assert all(chunk == fits for _, chunk, fits in chunks)  # --generate-batch 0: as many as fit in half the memory

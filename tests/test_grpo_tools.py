@@ -23,7 +23,7 @@ from tooldata import KINDS, TOOLS, scripted, sum_rows, write_sums
 from anytrain import load_model
 from anytrain.config import ConfigError
 from anytrain.tasks.causal_lm.tools import check_parses, check_renders_tools, load_tools, run_call
-from anytrain.tasks.grpo.turns import Conversation, Toolkit, assembled
+from anytrain.tasks.causal_lm.turns import Conversation, Toolkit, assembled
 
 transformers = pytest.importorskip("transformers")
 

@@ -94,7 +94,7 @@ def kind_of(key: int | None) -> str:
 def scripted(monkeypatch, tokenizer) -> list[dict]:
     """turns.generate wrapped: each first turn scripted by its key (module docstring); returns what it scripted,
     in order: each first turn's kind and its prompt's text."""
-    import anytrain.tasks.grpo.turns as turns
+    import anytrain.tasks.causal_lm.turns as turns
 
     real, seen = turns.generate, []
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")

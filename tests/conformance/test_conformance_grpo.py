@@ -159,7 +159,7 @@ def recorded_run(folders, run, monkeypatch, c: dict) -> list[tuple[dict, object]
         model = ctx.accelerator.unwrap_model(ctx.model)
         before = {n: p.detach().double().clone() for n, p in model.named_parameters()}
         rollout = original(self, ctx, slot)
-        assert (self.shared is not None) == c["share"]  # a group's prompt read once, unless --no-share-prompts
+        assert (self.engine.shared is not None) == c["share"]  # a group's prompt read once, unless --no-share-prompts
         seen.append((before, rollout))
         return rollout
 

@@ -77,7 +77,7 @@ class Figures:
         self.longest = max(self.longest, longest)
 
     def add_tools(self, accelerator, sums: torch.Tensor, completions: int) -> None:
-        """A rollout's tool figures (tasks/grpo/turns.py's counts), summed over every process."""
+        """A rollout's tool figures (causal_lm/turns.py: counts), summed over every process."""
         local = torch.cat([sums, torch.tensor([float(completions)], dtype=torch.float64)]).to(accelerator.device)
         summed = accelerator.reduce(local, "sum").cpu()
         self.tools = summed if self.tools is None else self.tools + summed

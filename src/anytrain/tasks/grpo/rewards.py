@@ -219,3 +219,15 @@ def total(table: torch.Tensor, rewards: list[Reward]) -> torch.Tensor:
     where every function returned None (unscorable, as TRL)."""
     weights = torch.tensor([r.weight for r in rewards], dtype=torch.float64, device=table.device)
     return (table * weights).nansum(1).masked_fill(table.isnan().all(1), float("nan"))
+
+
+def environment_reward(cls: type) -> Reward | None:
+    """--environment's get_reward() of each completion's instance, as a reward function (TRL: named after the class,
+    weight 1); None where the class has none."""
+    if not callable(getattr(cls, "get_reward", None)):
+        return None
+
+    def get_reward(environments, **columns) -> list:
+        return [environment.get_reward() for environment in environments]
+
+    return Reward(cls.__name__, get_reward, 1.0)

@@ -24,24 +24,25 @@ import torch
 from torch import nn
 
 from ...best import HIGHER
-from ...config import ConfigError, TrainConfig, first_line
+from ...config import ConfigError, TrainConfig
 from ...data.splits import Splits
 from ...shape import DataShape
-from ..causal_lm.generation import Completions, Sampling, completion_keys, fitting, generate
-from ..causal_lm.logprobs import PromptCache, bare, completion_logps, shares_prompts
-from ..causal_lm.prompts import prompt_ids
+from ..causal_lm.environment import load_environment
+from ..causal_lm.generation import Completions, completion_keys
+from ..causal_lm.logprobs import bare, completion_logps, shares_prompts
+from ..causal_lm.prompt_rows import Prompts, is_prompts
 from ..causal_lm.reference import Reference
+from ..causal_lm.rollout import Rollouts
 from ..causal_lm.task import CausalLM
-from ..causal_lm.tools import check_parses, check_renders_tools, load_tools, schema_of
+from ..causal_lm.tools import load_tools
+from ..causal_lm.turns import Conversation, counts
 from ..contract import RunContext
 from . import loss as objective
 from .completions import CompletionsTable, taken
-from .environment import environment_reward, load_environment, made, methods
 from .figures import Figures, reserved
 from .options import RLOO_DEFAULTS, GRPOOptions
-from .prompts import PROMPT, Prompts, RolloutSlots, Slot, is_prompts, load_prompts
-from .rewards import RewardCall, TrainerState, load_rewards, scores, total
-from .turns import Conversation, Toolkit, converse, counts
+from .prompts import RolloutSlots, Slot
+from .rewards import RewardCall, TrainerState, environment_reward, load_rewards, scores, total
 
 SPLIT_KEYS = {"train": 0, "validation": 1, "test": 2}
 
@@ -105,7 +106,6 @@ class GroupRelative(CausalLM):
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
         self.o = cfg.section(self.name)
-        self.stops: list[int] = []  # where a completion stops (load_data)
         self.rewards: list = []  # the --reward functions (load_data; check_settled refused the run without one)
         self.rollout: Rollout | None = None
         self.figures = Figures()
@@ -116,39 +116,20 @@ class GroupRelative(CausalLM):
         self.reference = Reference(("adapter" if lora else "live") if self.o.kl_beta > 0 else "none")
         self.last_counts = (0, 0)  # the last micro-batch's completions and completion tokens
         self.device = torch.device("cpu")  # the run's (on_run_start)
-        self.tools: list[Callable] = []  # --tools (load_data)
-        self.environment: type | None = None  # --environment's class (load_data)
-        self.kit: Toolkit | None = None  # with tools or an environment: completions are conversations (load_data)
-        self.room = (0, "")  # the most tokens a prompt may have, and why (load_data)
-        self.known_schemas: dict[Callable, dict] = {}  # each tool function's schema, made once (schemas)
-        self.shared: PromptCache | None = (
-            None  # how a group's prompt is read once (on_run_start; None: every row whole)
-        )
+        self.engine = Rollouts(cfg, self.o)  # the prompts, tools, environment; generate (causal_lm/rollout.py)
 
     # --------------------------------------------------------------------------- data and model
     def load_data(self, given=None) -> Splits:
         from ... import hf
 
-        self.tools = load_tools(self.o.tools)
-        self.environment = load_environment(self.o.environment) if self.o.environment else None
-        owned = environment_reward(self.environment) if self.environment else None
+        engine = self.engine
+        engine.load()
+        owned = environment_reward(engine.environment) if engine.environment else None
         self.rewards = load_rewards(self.o.reward, self.o.reward_weights, owned)
         self.read_model()
         positions = hf.max_positions(self.model_config) or self.cfg.data.max_length + self.o.max_new_tokens
-        room = positions - self.o.max_new_tokens
-        if room < 1:
-            raise ConfigError(f"--max-new-tokens {self.o.max_new_tokens}: the model has {positions} positions")
-        schemas = self.schemas(self.probe_tools())
-        if schemas:  # the template shows the tools and parses the calls
-            check_renders_tools(self.tokenizer, "--tools" if self.tools else "--environment")
-            check_parses(self.tokenizer, "--tools" if self.tools else "--environment")
-        self.room = self.prompt_room(positions)
-        rows, source, chats = load_prompts(self.cfg, self.tokenizer, given, self.room, schemas)
-        self.prompts = rows  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
-        self.stops = self.stops_for(chats)
-        if schemas:
-            self.kit = Toolkit(self.tokenizer, self.stops, positions, self.o.max_tool_calls, self.o.tool_timeout,
-                               self.o.generate_batch)  # fmt: skip
+        source, chats = engine.read(self.tokenizer, positions, given, self.stops_for)
+        rows = engine.prompts  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
         train = RolloutSlots(rows["train"], self.cfg, self.run.processes)
         self.steps_per_epoch = train.rollouts * self.o.grpo_iterations
         shape = DataShape(
@@ -159,15 +140,6 @@ class GroupRelative(CausalLM):
         self.data = Splits.of({**rows, "train": train}, shape, source, input_columns=["prompt"], facts=facts,
                               tokenizer=self.tokenizer)  # fmt: skip
         return self.data
-
-    def prompt_room(self, positions: int) -> tuple[int, str]:
-        """The most tokens a prompt may have, and why: the model's positions less --max-new-tokens, or --max-length
-        where it is given and smaller."""
-        room = (positions - self.o.max_new_tokens, f"the model's {positions} positions less --max-new-tokens "
-                f"{self.o.max_new_tokens}")  # fmt: skip
-        if "max_length" in self.cfg.given and self.cfg.data.max_length < room[0]:
-            return self.cfg.data.max_length, f"--max-length {self.cfg.data.max_length}"
-        return room
 
     def after_check(self) -> None:
         """The start-up check ran one rollout and step: none of it counts (its rollout, figures, table rows)."""
@@ -196,8 +168,8 @@ class GroupRelative(CausalLM):
         model (tasks/causal_lm/logprobs.py); what the start-up line says of it."""
         if not self.o.share_prompts:
             return "each row whole (--no-share-prompts)"
-        self.shared, why = shares_prompts(ctx.forward, ctx.model)
-        return why if self.shared is not None else f"each row whole, as {why}"
+        self.engine.shared, why = shares_prompts(ctx.forward, ctx.model)
+        return why if self.engine.shared is not None else f"each row whole, as {why}"
 
     # --------------------------------------------------------------------------- the step
     def train_step(self, ctx: RunContext, slot: Slot) -> torch.Tensor:
@@ -208,7 +180,7 @@ class GroupRelative(CausalLM):
         rollout = self.rollout
         index = rollout.micro_batch(ctx.micro, ctx.micro_batches)
         rows = rollout.rows.rows(index)
-        logps = completion_logps(ctx.forward, rows, self.o.temperature, self.shared)
+        logps = completion_logps(ctx.forward, rows, self.o.temperature, self.engine.shared)
         old = logps.detach() if rollout.old is None else rollout.old[index]
         ref = None if rollout.ref is None else rollout.ref[index]
         keep = rollout.keep[index]
@@ -229,7 +201,7 @@ class GroupRelative(CausalLM):
         rows = torch.tensor(slot.rows)
         keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS["train"], slot.epoch, rows, self.o.num_generations)
         with accelerator.autocast(), self.figures.timed("generate"):
-            done, talks = self.complete(model, "train", slot.rows, self.o.num_generations, keys)
+            done, talks = self.engine.complete(model, "train", slot.rows, self.o.num_generations, keys)
         waited = sum(talk.waited for talk in talks or [])  # the tools' share of it
         self.figures.phases["generate"] -= waited
         self.figures.phases["tools"] += waited
@@ -272,7 +244,7 @@ class GroupRelative(CausalLM):
         count = self.cfg.optim.grad_accum_steps
         pieces = torch.tensor_split(torch.arange(len(done.ids)), count)
         return torch.cat(
-            [completion_logps(call, done.rows(index), self.o.temperature, self.shared) for index in pieces]
+            [completion_logps(call, done.rows(index), self.o.temperature, self.engine.shared) for index in pieces]
         )
 
     def reference_logps(self, model: nn.Module, done: Completions) -> torch.Tensor:
@@ -280,64 +252,6 @@ class GroupRelative(CausalLM):
         (LoRA: its weights as they were loaded)."""
         with self.reference.calling(model) as reference:
             return self.rollout_logps(reference, done)
-
-    # --------------------------------------------------------------------------- completions, with tools or not
-    def complete(
-        self, model: nn.Module, split: str, rows: list[int], per_row: int, keys: torch.Tensor | None
-    ) -> tuple[Completions, list[Conversation] | None]:
-        """Each row's prompt completed `per_row` times (keys: sampled; None: greedy); with tools or an environment,
-        as conversations (tasks/grpo/turns.py), which are returned too."""
-        if self.kit is None:
-            prompts = [self.prompts[split].ids[r] for r in rows for _ in range(per_row)]
-            chunk = self.o.generate_batch or fitting(model, prompts, self.sampling())
-            return generate(model, prompts, keys, self.sampling(), chunk, self.shared), None
-        talks = [self.conversation(split, r) for r in rows for _ in range(per_row)]
-        return converse(model, talks, keys, self.sampling(), self.kit, self.shared), talks
-
-    def probe_tools(self) -> list[Callable]:
-        """Every completion's tools: --tools, then the environment's methods (of an instance made to read them)."""
-        found = list(self.tools)
-        if self.environment is not None:
-            found += methods(made(self.environment, self.o.environment))
-        return found
-
-    def schemas(self, tools: list[Callable]) -> list[dict]:
-        """The tools' JSON schemas, as the chat template shows them (each function's made once)."""
-        for tool in tools:
-            function = getattr(tool, "__func__", tool)  # an environment's method: its class's function
-            if function not in self.known_schemas:
-                self.known_schemas[function] = schema_of(tool, "--tools")
-        return [self.known_schemas[getattr(tool, "__func__", tool)] for tool in tools]
-
-    def conversation(self, split: str, row: int) -> Conversation:
-        """A completion of the row's prompt: its tools and, with --environment, its own instance, reset with the
-        row (a text it returns added to the last user message)."""
-        source, tools, environment = self.prompts[split], list(self.tools), None
-        prefix = source.ids[row]
-        if self.environment is not None:
-            environment = made(self.environment, self.o.environment)
-            tools += methods(environment)
-            where = f"--environment: row {row} of the {split} split"
-            given = {PROMPT: source.prompts[row], **{k: v[row] for k, v in source.columns.items()}}
-            seen = reset(environment, given, where)
-            if isinstance(seen, str):
-                prefix = self.shown(source.prompts[row], seen, where, tools)
-        return Conversation(prefix, {t.__name__: t for t in tools}, self.schemas(tools), environment)
-
-    def shown(self, prompt: list, seen: str, where: str, tools: list[Callable]) -> list[int]:
-        """The ids of a chat prompt with the environment's text added to its last message, checked for room."""
-        prompt = [*prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + seen}]
-        ids = prompt_ids(self.tokenizer, prompt, where, self.schemas(tools))
-        if len(ids) > self.room[0]:
-            raise ConfigError(
-                f"{where}: with reset's text its prompt has {len(ids)} tokens, more than the {self.room[0]} a prompt "
-                f"may have ({self.room[1]}); prompts are never cut"
-            )
-        return ids
-
-    def sampling(self) -> Sampling:
-        o = self.o
-        return Sampling(o.max_new_tokens, tuple(self.stops), self.tokenizer.pad_token_id, o.temperature, o.top_p)
 
     def trainer_state(self, step: int) -> TrainerState:
         """The trainer_state reward functions get at a rollout after `step` optimizer steps."""
@@ -362,7 +276,7 @@ class GroupRelative(CausalLM):
         arguments the functions got; `call`: trainer_state, log_metric, log_extra (a training rollout's); `talks`:
         the completions as conversations (tools: each its messages; an environment: each its instance)."""  # fmt: skip
         per_row = per_row or self.o.num_generations
-        source = self.prompts[split]
+        source = self.engine.prompts[split]
         ids = done.completion_ids()
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in ids]
         chats = isinstance(source.prompts[rows[0]], list)
@@ -373,7 +287,7 @@ class GroupRelative(CausalLM):
                 "completion_ids": ids}  # fmt: skip
         for name, values in source.columns.items():
             args[name] = [values[r] for r in rows for _ in range(per_row)]
-        if talks is not None and self.environment is not None:
+        if talks is not None and self.engine.environment is not None:
             args["environments"] = [talk.environment for talk in talks]
         call = call or self.reward_call(self.state or self.trainer_state(0))  # evaluation: what it logs is dropped
         return scores(self.rewards, args, lambda k: f"completion {k % per_row} of {split} row {rows[k // per_row]}",
@@ -429,7 +343,7 @@ class GroupRelative(CausalLM):
         keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS[split], 0, torch.tensor(rows), 1)
         stats = {}
         for name, k in (("reward", keys), ("greedy_reward", None)):
-            done, talks = self.complete(unwrapped(model), split, rows, 1, k)
+            done, talks = self.engine.complete(unwrapped(model), split, rows, 1, k)
             reward = total(self.score(done, rows, split, 1, talks=talks)[0], self.rewards).to(self.device)
             stats[name], stats[f"{name}_scored"] = reward.nan_to_num(0.0), (~reward.isnan()).double()
         return stats
@@ -448,11 +362,3 @@ class GroupRelative(CausalLM):
             "advantage": o.advantage,
             **rewards,
         }
-
-
-def reset(environment, row: dict, where: str):
-    """environment.reset(**row); one line naming the row where the user's reset raises."""
-    try:
-        return environment.reset(**row)
-    except Exception as e:  # noqa: BLE001 - the user's environment: one line
-        raise ConfigError(f"{where}: {type(environment).__name__}.reset raised {first_line(e)}") from None

@@ -1,4 +1,4 @@
-"""grpo's completions with tools (--tools, --environment): a completion is a conversation of several turns. The
+"""Completions with tools (grpo's and distill's --tools, --environment): a completion is a conversation of turns. The
 model answers; transformers' response parsing reads its turn (tasks/causal_lm/tools.py); each tool call is run
 (a timeout, an error answered, as TRL's GRPOTrainer) and the tools' messages, rendered by the chat template, are
 appended as tokens, never re-tokenising what came before; the model goes on from there, until a turn without a call,
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..causal_lm.generation import MASK32, Completions, PromptCache, Sampling, fitting, generate, mix32, positions_of
-from ..causal_lm.tools import parse_turn, run_call, tool_suffix
+from .generation import MASK32, Completions, PromptCache, Sampling, fitting, generate, mix32, positions_of
+from .tools import parse_turn, run_call, tool_suffix
 
 
 @dataclass(frozen=True)

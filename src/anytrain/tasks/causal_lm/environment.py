@@ -1,9 +1,8 @@
-"""grpo's --environment: TRL's environment_factory contract. A class whose instance is one completion's world: made
-new for each completion (never shared between completions, rollouts or processes), `reset(**row)` with the prompt's
-row (every column, the prompt too; a text it returns is added to the last user message), its public methods (not
-`reset`, not `get_reward`, no leading underscore) the completion's tools beside --tools, and, where it has one,
-`get_reward()` a reward function named after the class with weight 1, scoring the completion from the instance's
-state after the conversation. Reward functions get the instances as `environments` (one per completion), as TRL's.
+"""--environment: TRL's environment_factory contract. A class whose instance is one completion's world: made new for
+each completion (never shared between completions, rollouts or processes), `reset(**row)` with the prompt's row
+(every column, the prompt too; a text it returns is added to the last user message), its public methods (not
+`reset`, not `get_reward`, no leading underscore) the completion's tools beside --tools. grpo also scores with its
+`get_reward()` (grpo/rewards.py: environment_reward) and gives its reward functions the instances as `environments`.
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ import inspect
 from collections.abc import Callable
 
 from ...config import ConfigError, first_line
-from ..causal_lm.tools import schema_of
-from .rewards import Reward
+from .tools import schema_of
 
 HOOKS = ("reset", "get_reward")
 
@@ -49,14 +47,3 @@ def methods(instance) -> list[Callable]:
     """The instance's tools: its class's public functions but reset and get_reward, bound to it."""
     found = inspect.getmembers(type(instance), predicate=inspect.isfunction)
     return [getattr(instance, name) for name, _ in found if name not in HOOKS and not name.startswith("_")]
-
-
-def environment_reward(cls: type) -> Reward | None:
-    """get_reward() of each completion's instance, as a reward function (TRL: named after the class, weight 1)."""
-    if not callable(getattr(cls, "get_reward", None)):
-        return None
-
-    def get_reward(environments, **columns) -> list:
-        return [environment.get_reward() for environment in environments]
-
-    return Reward(cls.__name__, get_reward, 1.0)
