@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from .facts import NON_NEGATIVE, POSITIVE, ConfigError, Option
-from .schema import OPTIONS, TrainConfig
+from .schema import OPTIONS, TrainConfig, option_of
 from .sections import HF_PREFIX
 
 
@@ -27,7 +27,8 @@ def _bounds_message(o: Option, value) -> str:
 
 def check_options(cfg: TrainConfig) -> None:
     """What every option's facts say: finite numbers, bounds, choices."""
-    for o in OPTIONS.values():
+    for name in OPTIONS:
+        o = option_of(name, cfg.data.task)  # a name registry tasks share: the run's task's facts
         value = cfg.get(o.name)
         values = value if isinstance(value, list) else [value]
         if o.kind is float and not math.isfinite(value):

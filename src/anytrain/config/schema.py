@@ -18,19 +18,38 @@ TASK_RESOLVERS: list[typing.Callable[[str], None]] = []  # register the section 
 HELP: dict[str, typing.Callable[[], str]] = {}  # option name -> more help, built where the facts live (the registry)
 
 
-def _options() -> dict[str, Option]:
-    found = {}
+def _all_options() -> list[Option]:
+    found = []
     for section, cls in SECTIONS.items():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             facts = dict(f.metadata)
             name = facts.pop("flag") or f.name
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            found[name] = Option(name, section, f.name, hints[f.name], default, **facts)
+            found.append(Option(name, section, f.name, hints[f.name], default, **facts))
     return found
 
 
+def _options() -> dict[str, Option]:
+    """Each option by name, its first section's (an option that registry tasks share: ALSO has the others)."""
+    found: dict[str, Option] = {}
+    for o in _all_options():
+        found.setdefault(o.name, o)
+    return found
+
+
+def _also() -> dict[str, list[Option]]:
+    """The option names that several registry tasks' sections declare (dpo's, kto's and distill's --beta; grpo's and
+    distill's --temperature): one flag, which sets each section's field where it is given; each section keeps its own
+    default, help and bounds, and the run's task's is the one its value, --help and checks read."""
+    found: dict[str, list[Option]] = {}
+    for o in _all_options():
+        found.setdefault(o.name, []).append(o)
+    return {name: options[1:] for name, options in found.items() if len(options) > 1}
+
+
 OPTIONS = _options()  # by option name, in section order
+ALSO = _also()  # an option name -> its other sections' options (registry tasks that share a flag)
 ALIASES = {alias: o.name for o in OPTIONS.values() for alias in o.aliases}  # an earlier name -> the option's name
 
 
@@ -49,6 +68,7 @@ def add_section(task: str, name: str, cls: type, shared: bool = False, at: int |
     if name in BASE_SECTIONS or name in OPTIONS:
         raise ConfigError(f"--task {task}: its options section '{name}' is already an option or a section")
     yields = SHARED_SECTIONS - {name} if not shared else set(SECTIONS) - SHARED_SECTIONS - set(BASE_SECTIONS)
+    # an own task's option that names a registry task's sets that section aside; registry tasks share a name
     for other in [o for o in yields if o in SECTIONS and _flags(SECTIONS[o]) & _flags(cls)]:
         place = list(SECTIONS).index(other)
         stepped_aside = SECTIONS.pop(other)
@@ -61,6 +81,8 @@ def add_section(task: str, name: str, cls: type, shared: bool = False, at: int |
     found = _options()
     clash = sorted(k for k, o in found.items() if o.section == name and k in OPTIONS and OPTIONS[k].section != name)
     clash = [k for k in clash if OPTIONS[k].section in SECTIONS]
+    if shared:  # registry tasks may share an option name (ALSO) if both are theirs
+        clash = [k for k in clash if OPTIONS[k].section not in SHARED_SECTIONS]
     if clash:
         del SECTIONS[name]
         raise ConfigError(
@@ -68,6 +90,8 @@ def add_section(task: str, name: str, cls: type, shared: bool = False, at: int |
         )
     OPTIONS.clear()
     OPTIONS.update(found)
+    ALSO.clear()
+    ALSO.update(_also())
     ALIASES.update({alias: o.name for o in OPTIONS.values() for alias in o.aliases})
 
 
@@ -80,6 +104,8 @@ def restore_shared() -> None:
     if own:
         OPTIONS.clear()
         OPTIONS.update(_options())
+        ALSO.clear()
+        ALSO.update(_also())
     for name in sorted(SET_ASIDE, key=lambda n: SET_ASIDE[n][0]):
         task = next(t for t, section in TASK_SECTIONS.items() if section == name)
         place, cls = SET_ASIDE.pop(name)
@@ -99,6 +125,13 @@ def resolve_task(value: str) -> None:
     """Register the options of the task a --task value names (an own task's file is imported for them)."""
     for resolve in TASK_RESOLVERS:
         resolve(value)
+
+
+def option_of(name: str, task: str | None) -> Option:
+    """The option `name` as the run of `task` reads it: its section's, where several registry tasks share the name
+    (ALSO), else the one."""
+    own = TASK_SECTIONS.get(task or "")
+    return next((o for o in ALSO.get(name, ()) if o.section == own), OPTIONS[name])
 
 
 def section_fields(section: str) -> dict:
@@ -127,6 +160,7 @@ class TrainConfig:
         resolve_task(task if isinstance(task, str) else "auto")  # an own task's options are known before they are read
         sections: dict[str, dict] = {name: {} for name in SECTIONS}
         given: set[str] = set()
+        flags = {}
         for key, value in values.items():
             key = ALIASES.get(key, key)
             if key in SECTIONS and not (key == "model" and isinstance(value, str)):
@@ -138,21 +172,28 @@ class TrainConfig:
                 sections[key].update(fields)
                 given.update(section_fields(key)[f] for f in fields if f in section_fields(key))
             elif key in OPTIONS:
-                sections[OPTIONS[key].section][OPTIONS[key].field] = value
+                flags[key] = value
                 given.add(key)
             else:
                 raise ConfigError(f"config: unknown option '{key}'")
+        given = set(given if _given is None else _given)
+        for key, value in flags.items():  # a shared name (ALSO) sets every section's, where it is given
+            shared = ALSO.get(key, [])
+            if shared and key not in given:
+                continue  # each section its own default
+            for o in [OPTIONS[key], *shared]:
+                sections[o.section][o.field] = value
         for name, cls in SECTIONS.items():
             object.__setattr__(self, name, cls(**sections[name]))
-        object.__setattr__(self, "given", frozenset(given if _given is None else _given))
+        object.__setattr__(self, "given", frozenset(given))
         object.__setattr__(self, "sections", tuple(SECTIONS))  # its own, whatever registers later in this process
 
     def __setattr__(self, name, value):
         raise AttributeError(f"TrainConfig is frozen: use cfg.replace({name}=...) for a changed config")
 
     def get(self, name: str):
-        """An option's value by its option name ('lr', 'model')."""
-        o = OPTIONS[name]
+        """An option's value by its option name ('lr', 'model'); of a name registry tasks share, the run's task's."""
+        o = option_of(name, self.data.task)
         return getattr(getattr(self, o.section), o.field)
 
     def flat(self) -> dict:
@@ -161,7 +202,8 @@ class TrainConfig:
         registered in the same process is not part of this config."""
         own = TASK_SECTIONS.get(self.data.task)
         kept = [name for name in self.sections if name in BASE_SECTIONS or name in SHARED_SECTIONS or name == own]
-        return {name: value for section in kept for name, value in _values(getattr(self, section)).items()}
+        found = {name: value for section in kept for name, value in _values(getattr(self, section)).items()}
+        return {name: self.get(name) if name in ALSO else value for name, value in found.items()}
 
     def section(self, name: str):
         """A section by name: a task's own options, `cfg.section("distill").temperature`."""
