@@ -27,8 +27,9 @@ class Recording(Classification):
 
 def test_the_step_is_told_its_place_in_the_accumulation_cycle_the_last_one_short(tmp_path):
     Recording.seen.clear()
-    summary = anytrain.train(task=Recording, epochs=1, batch_size=200, grad_accum_steps=3, val_fraction=0.1,
-                             test_fraction=0.1, output_dir=str(tmp_path / "run"), progress=False, plot=False)  # fmt: skip
+    split = {"val_fraction": 0.1, "test_fraction": 0.1, "progress": False, "plot": False}
+    summary = anytrain.train(task=Recording, epochs=1, batch_size=200, grad_accum_steps=3, **split,
+                             output_dir=str(tmp_path / "run"))  # fmt: skip
     rows = round(1797 * 0.8)  # the bundled digits' training rows
     batches = -(-rows // 200)
     check, *training = Recording.seen  # the start-up check runs the step once first, as micro-batch 0 of 1

@@ -21,7 +21,7 @@ from textdata import write_jsonl
 from tooldata import KINDS, TOOLS, scripted, sum_rows, write_sums
 
 from anytrain import load_model
-from anytrain.config import ConfigError
+from anytrain.config import ConfigError, TrainConfig
 from anytrain.tasks.causal_lm.tools import check_parses, check_renders_tools, load_tools, run_call
 from anytrain.tasks.causal_lm.turns import Conversation, Toolkit, assembled
 
@@ -378,3 +378,100 @@ def test_a_sigkilled_run_with_tools_resumes_bit_for_bit(folders, caller, tmp_pat
     a, b = read_summary(reference), read_summary(victim)
     assert a["last_weights_sha256"] == b["last_weights_sha256"] and b["resumed_from"].endswith("step-000002")
     assert tool_lines(reference) == tool_lines(victim) and sum(line[0] for line in tool_lines(reference)) > 0
+
+
+ASYNC_TOOLS = '''
+import asyncio
+
+
+async def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    await asyncio.sleep(0)
+    return a + b
+
+
+async def broken(a: int) -> int:
+    """Fail.
+
+    Args:
+        a: anything
+    """
+    raise RuntimeError("no luck")
+
+
+async def hang(a: int) -> int:
+    """Never answer.
+
+    Args:
+        a: anything
+    """
+    await asyncio.sleep(60)
+    return a
+
+
+def pair(a: int) -> list:
+    """Two numbers.
+
+    Args:
+        a: the first
+    """
+    return [a, a + 1]
+'''
+
+
+def test_async_tools_are_awaited_and_a_list_passes_through_as_trl_passes_it(tmp_path):
+    """TRL awaits coroutine tools (grpo_trainer's async tool path) with the same error answers, and gives a tool's
+    list result to the template and the reward functions as it is (content blocks), anything else as str()."""
+    path = tmp_path / "async_tools.py"
+    path.write_text(ASYNC_TOOLS)
+    tools = {t.__name__: t for t in load_tools([str(path)])}
+
+    def call(name, **arguments):
+        return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+    assert run_call(tools, call("add", a=2, b=3), 1.0) == ({"role": "tool", "name": "add", "content": "5"}, False)
+    broken, failed = run_call(tools, call("broken", a=1), 1.0)
+    assert failed and broken["content"] == str({"error": "no luck"})  # raised inside the coroutine: a failure
+    started = time.perf_counter()
+    hung, failed = run_call(tools, call("hang", a=1), 0.2)
+    assert failed and hung["content"] == str({"error": "timed out after 0.2 s"}) and time.perf_counter() - started < 30
+    assert run_call(tools, call("pair", a=3), 1.0) == ({"role": "tool", "name": "pair", "content": [3, 4]}, False)
+
+
+def test_an_async_reward_function_is_awaited():
+    from anytrain.tasks.grpo.rewards import Reward, scores
+
+    async def judged(prompts, completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    args = {"prompts": ["p"] * 2, "completions": ["ab", "abc"], "completion_ids": [[1]] * 2}
+    assert scores([Reward("judged", judged, 1.0)], args, lambda k: f"row {k}")[:, 0].tolist() == [2.0, 3.0]
+
+
+def test_an_environment_whose_reset_returns_no_text_is_refused_naming_the_class_and_type(folders):
+    from anytrain.tasks.causal_lm.rollout import Rollouts
+
+    class Counter:
+        def reset(self, **row):
+            return 3  # an int: TRL adds a text to the prompt; this would be dropped unseen
+
+        def add(self, a: int) -> int:
+            """Add one.
+
+            Args:
+                a: the number
+            """
+            return a + 1
+
+    engine = Rollouts(TrainConfig(), type("Options", (), {"environment": "here:Counter"})())
+    engine.environment = Counter
+    engine.prompts = {"train": type("Rows", (), {"ids": [[1, 2]], "prompts": [[{"role": "user", "content": "?"}]],
+                                               "columns": {}})()}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"Counter\.reset returned int 3, not a text \(str\)") as refused:
+        engine.conversation("train", 0)
+    assert "\n" not in str(refused.value)

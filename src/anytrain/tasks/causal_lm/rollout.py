@@ -21,7 +21,7 @@ from .environment import load_environment, made, methods
 from .generation import Completions, PromptCache, Sampling, fitting, generate
 from .prompt_rows import PROMPT, PromptRows, load_prompts
 from .prompts import prompt_ids
-from .tools import check_parses, check_renders_tools, load_tools, schema_of
+from .tools import check_parses, check_renders_tools, load_tools, resolved, schema_of
 from .turns import Conversation, Toolkit, converse
 
 
@@ -116,6 +116,11 @@ class Rollouts:
             seen = reset(environment, given, where)
             if isinstance(seen, str):
                 prefix = self.shown(source.prompts[row], seen, where, tools)
+            elif seen is not None:  # TRL adds a text to the prompt; anything else would be dropped unseen
+                raise ConfigError(
+                    f"{where}: {type(environment).__name__}.reset returned {type(seen).__name__} {seen!r:.40}, not a "
+                    "text (str) to add to the prompt's last message, nor None"
+                )
         return Conversation(prefix, {t.__name__: t for t in tools}, self.schemas(tools), environment)
 
     def shown(self, prompt: list, seen: str, where: str, tools: list[Callable]) -> list[int]:
@@ -133,6 +138,6 @@ class Rollouts:
 def reset(environment, row: dict, where: str):
     """environment.reset(**row); one line naming the row where the user's reset raises."""
     try:
-        return environment.reset(**row)
+        return resolved(environment.reset(**row))  # an async reset awaited
     except Exception as e:  # noqa: BLE001 - the user's environment: one line
         raise ConfigError(f"{where}: {type(environment).__name__}.reset raised {first_line(e)}") from None

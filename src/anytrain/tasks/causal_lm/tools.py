@@ -90,14 +90,28 @@ def load_tools(specs: list[str], option: str = "--tools") -> list[Callable]:
     return tools
 
 
+def resolved(value):
+    """A coroutine's (an async function's call's) result, run to its end on an event loop of its own; any other
+    value as it is. TRL awaits async tools and reward functions (on a loop of its own thread)."""
+    if inspect.isawaitable(value):
+        import asyncio
+
+        async def wait():
+            return await value
+
+        return asyncio.run(wait())
+    return value
+
+
 def in_time(fn: Callable, arguments: dict, timeout: float):
-    """fn(**arguments), or TimeoutError after `timeout` seconds. The call runs in a daemon thread: one that never
-    returns is left running (Python cannot stop a thread) and keeps nothing from ending the run."""
+    """fn(**arguments), awaited where fn is async, or TimeoutError after `timeout` seconds. The call runs in a daemon
+    thread: one that never returns is left running (Python cannot stop a thread) and keeps nothing from ending the
+    run."""
     box: dict = {}
 
     def work() -> None:
         try:
-            box["value"] = fn(**arguments)
+            box["value"] = resolved(fn(**arguments))
         except BaseException as e:  # noqa: BLE001 - handed back to the caller
             box["error"] = e
 
@@ -112,9 +126,10 @@ def in_time(fn: Callable, arguments: dict, timeout: float):
 
 
 def run_call(tools: dict[str, Callable], call, timeout: float) -> tuple[dict, bool]:
-    """One parsed tool call run as TRL's GRPOTrainer runs it: the tool's message ({"role": "tool", "name",
-    "content": str(result)}) and whether it failed; a failure (an unknown tool, arguments that are not an object or
-    do not fit, an exception, the timeout) answers {"error": "..."} as the tool's content, for the model to read."""
+    """One parsed tool call run as TRL's GRPOTrainer runs it (an async tool awaited): the tool's message ({"role":
+    "tool", "name", "content": the result as text, or a list as it is, as TRL passes content blocks through}) and
+    whether it failed; a failure (an unknown tool, arguments that are not an object or do not fit, an exception, the
+    timeout) answers {"error": "..."} as the tool's content, for the model to read."""
     function = call.get("function") if isinstance(call, dict) else None
     name = str(function.get("name", "unknown")) if isinstance(function, dict) else "unknown"
     try:
@@ -128,7 +143,8 @@ def run_call(tools: dict[str, Callable], call, timeout: float) -> tuple[dict, bo
         result, failed = in_time(tools[name], arguments, timeout), False
     except Exception as e:  # noqa: BLE001 - the model's call went wrong: the model reads why
         result, failed = {"error": str(e)}, True
-    return {"role": "tool", "name": name, "content": str(result)}, failed
+    content = result if isinstance(result, list) else str(result)
+    return {"role": "tool", "name": name, "content": content}, failed
 
 
 # --------------------------------------------------------------------------- a model's turn and the tools' answers

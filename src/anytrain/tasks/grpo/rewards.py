@@ -34,6 +34,7 @@ import torch
 
 from ...config import ConfigError, first_line
 from ...usermodel import import_attr
+from ..causal_lm.tools import resolved
 
 
 @dataclass(frozen=True)
@@ -179,11 +180,11 @@ def called(scorer: Reward, args: dict, given: dict, where: Callable[[int], str])
     """The function's values for a batch; on an exception, the first row that raises it is named (`args` sliced to
     the row, `given` passed as it is)."""
     try:
-        return scorer.fn(**args, **given)
+        return resolved(scorer.fn(**args, **given))  # an async function awaited, as TRL's
     except Exception as e:  # noqa: BLE001 - the user's function: one line naming it and the row
         for k in range(len(args["completions"])):
             try:
-                scorer.fn(**{name: values[k : k + 1] for name, values in args.items()}, **given)
+                resolved(scorer.fn(**{name: values[k : k + 1] for name, values in args.items()}, **given))
             except Exception as row_error:  # noqa: BLE001
                 raise ConfigError(f"--reward {scorer.name}: raised {first_line(row_error)} (on {where(k)})") from None
         raise ConfigError(f"--reward {scorer.name}: raised {first_line(e)}") from None
@@ -228,6 +229,6 @@ def environment_reward(cls: type) -> Reward | None:
         return None
 
     def get_reward(environments, **columns) -> list:
-        return [environment.get_reward() for environment in environments]
+        return [resolved(environment.get_reward()) for environment in environments]  # async: awaited
 
     return Reward(cls.__name__, get_reward, 1.0)
