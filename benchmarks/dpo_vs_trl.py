@@ -8,13 +8,13 @@ memory, real tokens/s (anytrain), and the held-out reward accuracy and DPO loss 
 Bradley-Terry loss) scored by one function for every trainer's saved model. Part of `make bench`'s peers section
 when trl is installed (`make install-peers`); alone: `python benchmarks/dpo_vs_trl.py --rounds 3`."""
 
-import json
 import statistics
+from functools import partial
 from pathlib import Path
 
 import toolkit
 from peers import dpo_job
-from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head
+from toolkit import Runner, spread
 
 UNEVEN = ["--max-length", str(dpo_job.UNEVEN_LENGTH), "--max-steps", str(dpo_job.UNEVEN_STEPS)]
 VARIANTS = [  # (name, trainer, kind, extra options: anytrain's flags or trl_dpo_job.py's)
@@ -36,107 +36,67 @@ PAIRS = [  # (what, anytrain's variant, TRL's variant)
     ("DPO LoRA", "anytrain dpo lora", "trl dpo lora"),
     ("reward model", "anytrain reward", "trl reward"),
 ]
+KINDS = {name: kind for name, _, kind, _ in VARIANTS}
 
 
-def folder(name: str) -> str:
-    """A variant's run folder: "anytrain dpo full, live reference" -> dpo-anytrain-dpo-full-live-reference."""
-    return f"dpo-{name.replace(',', '').replace(' ', '-')}"
-
-
-def anytrain_run(runner: Runner, name: str, kind: str, extra: list[str], seed: int, data: Path, model: Path) -> dict:
-    d = runner.fresh(folder(name))
-    args = ["--model", f"hf:{model}", "--dataset", str(data / "train"), "--output-dir", str(d), "--no-progress"]
-    options = [*args, "--no-plot", *dpo_job.anytrain_options(kind, seed), *extra]
-    rec = runner.run(f"dpo/{name}", launch_cmd("cpu.yaml", TRAIN, *options))
+def anytrain_run(runner: Runner, seed: int, name: str, kind: str, extra: list[str], data: Path, model: Path) -> dict:
+    options = [*dpo_job.anytrain_options(kind, seed), *extra]
+    rec, d, _, s = toolkit.anytrain_peer(runner, "dpo", name, data / "train", model, options)
     if "error" not in rec:
-        s = json.loads((d / "summary.json").read_text())
-        rec.update(loop_s=s["first_step_s"] + s["train_seconds"], steps=s["optimizer_steps"])
-        rec.update(peak_memory_bytes=s["peak_memory_bytes"], trainable_parameters=s["trainable_parameters"])
         rec.update(tokens_per_s=s["tokens_per_s"], start_to_first_step_s=s["start_to_first_step_s"])
         rec.update(model=str(d / "hf"))
     return rec
 
 
-def trl_run(runner: Runner, name: str, kind: str, extra: list[str], seed: int, data: Path, model: Path) -> dict:
-    d = runner.fresh(folder(name))
-    script = BENCH / "peers" / "trl_dpo_job.py"
-    what = "reward" if kind == "reward" else "dpo"
-    cmd = [PY, str(script), "--data", str(data), "--model", str(model), "--kind", what, "--seed", str(seed), *extra]
-    rec = runner.run(f"dpo/{name}", [*cmd, "--json", str(d / "result.json"), "--out", str(d / "run")])
-    if "error" not in rec:
-        rec.update(json.loads((d / "result.json").read_text()))
-    return rec
+def trl_run(runner: Runner, seed: int, name: str, kind: str, extra: list[str], data: Path, model: Path) -> dict:
+    args = ["--kind", "reward" if kind == "reward" else "dpo", "--seed", str(seed), *extra]
+    return toolkit.trl_peer(runner, "dpo", name, "trl_dpo_job.py", data, model, args)
 
 
 def variant(name: str, trainer: str, kind: str, extra: list[str], data: dict[str, Path], model: Path):
     uneven = extra[: len(UNEVEN)] == UNEVEN
     where = data["uneven" if uneven else "even"]
+    run = trl_run if trainer == "trl" else anytrain_run
+    go = partial(run, name=name, kind=kind, extra=extra, data=where, model=model)
 
-    def run(runner: Runner) -> dict:
-        seed = 42 + sum(1 for r in runner.records if r["name"] == f"dpo/{name}")  # round r: seed 42 + r
-        go = trl_run if trainer == "trl" else anytrain_run
-        waited = toolkit.settle()
-        rec = go(runner, name, kind, extra, seed, where, model)
-        rec["waited_for_quiet_s"] = waited
-        if "error" not in rec:
-            rec["seed"] = seed
-            if kind == "reward":
-                rec.update(dpo_job.reward_scores(Path(rec["model"]), where))
-            else:
-                length = dpo_job.UNEVEN_LENGTH if uneven else dpo_job.MAX_LENGTH
-                rec.update(dpo_job.dpo_scores(Path(rec["model"]), model, where, length))
-        return rec
+    def scores(rec: dict) -> dict:
+        if kind == "reward":
+            return dpo_job.reward_scores(Path(rec["model"]), where)
+        length = dpo_job.UNEVEN_LENGTH if uneven else dpo_job.MAX_LENGTH
+        return dpo_job.dpo_scores(Path(rec["model"]), model, where, length)
 
-    return run
-
-
-def spread(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    return toolkit.peer_variant("dpo", name, go, scores)
 
 
 def summarise(records: list[dict]) -> dict:
-    rows = {}
-    for name, _, kind, _ in VARIANTS:
-        ok = [r for r in records if r.get("variant") == name and "error" not in r]
-        if not ok:
-            rows[name] = None
-            continue
-        loss = "reward_loss" if kind == "reward" else "dpo_loss"
-        row = {
-            "loop_s": min(r["loop_s"] for r in ok),
-            "loop_s_median": statistics.median(r["loop_s"] for r in ok),
-            "peak_mib": statistics.median(r["peak_memory_bytes"] for r in ok) / 2**20,
-            "reward_accuracy": spread([r["reward_accuracy"] for r in ok]),
-            "loss": spread([r[loss] for r in ok]),
-            "loss_kind": loss,
-            "trainable_parameters": ok[0]["trainable_parameters"],
-            "steps": ok[0]["steps"],
-            "runs": len(ok),
-            "other_load_median": statistics.median(r["other_load"] or 0.0 for r in ok),
-        }
-        if "tokens_per_s" in ok[0]:
-            row["tokens_per_s"] = max(r["tokens_per_s"] for r in ok)  # the best run's, as the loop time's
-            row["tokens_per_s_median"] = statistics.median(r["tokens_per_s"] for r in ok)
-            row["start_to_first_step_s"] = statistics.median(r["start_to_first_step_s"] for r in ok)
-        rows[name] = row
-    return rows
+    return toolkit.peer_rows(records, [name for name, *_ in VARIANTS], figures)
+
+
+def figures(name: str, ok: list[dict]) -> dict:
+    loss = "reward_loss" if KINDS[name] == "reward" else "dpo_loss"
+    out = toolkit.peer_figures(ok, "loop_s")
+    out.update(reward_accuracy=spread([r["reward_accuracy"] for r in ok]), loss=spread([r[loss] for r in ok]))
+    out["loss_kind"] = loss
+    if "tokens_per_s" in ok[0]:
+        out["tokens_per_s"] = max(r["tokens_per_s"] for r in ok)  # the best run's, as the loop time's
+        out["tokens_per_s_median"] = statistics.median(r["tokens_per_s"] for r in ok)
+        out["start_to_first_step_s"] = statistics.median(r["start_to_first_step_s"] for r in ok)
+    return out
+
+
+def cells(row: dict) -> list[str]:
+    """A variant's cells of the table, after its name."""
+    (acc, acc_sd), (loss, loss_sd) = row["reward_accuracy"], row["loss"]
+    rate = f"{row['tokens_per_s']:,.0f}" if "tokens_per_s" in row else ""
+    times = [f"{row['loop_s']:.1f} s", f"{row['loop_s_median']:.1f} s", f"{row['peak_mib']:,.0f} MiB"]
+    scores = [f"{acc:.3f} ± {acc_sd:.3f}", f"{loss:.4f} ± {loss_sd:.4f}", rate]
+    return [*times, *scores, f"{row['trainable_parameters']:,}", f"{row['other_load_median']:.2f}"]
 
 
 def table(rows: dict) -> str:
     head = ["variant", "loop time (best)", "median", "peak RSS (median)", "held-out reward accuracy"]
     head += ["held-out loss (DPO; reward: Bradley-Terry)", "real tokens/s (best)", "trainable", "others' load"]
-    out = md_head(*head)
-    for name, row in rows.items():
-        if row is None:
-            out.append(f"| {name} | failed | | | | | | | |")
-            continue
-        (acc, acc_sd), (loss, loss_sd) = row["reward_accuracy"], row["loss"]
-        rate = f"{row['tokens_per_s']:,.0f}" if "tokens_per_s" in row else ""
-        out.append(
-            f"| {name} | {row['loop_s']:.1f} s | {row['loop_s_median']:.1f} s | {row['peak_mib']:,.0f} MiB | "
-            f"{acc:.3f} ± {acc_sd:.3f} | {loss:.4f} ± {loss_sd:.4f} | {rate} | {row['trainable_parameters']:,} | "
-            f"{row['other_load_median']:.2f} |"
-        )
+    out = toolkit.peer_table(head, rows, cells)
     for what, a_name, t_name in PAIRS:
         a, t = rows.get(a_name), rows.get(t_name)
         if a and t:

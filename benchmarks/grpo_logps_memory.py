@@ -9,8 +9,8 @@ Variants (each log-probability at temperature 1):
   its output checked equal to the original's): the model's own forward with logits_to_keep, the full float logits
   of every row, then logsumexp and gather 8 rows at a time. Its roll_out took the old and reference
   log-probabilities of the whole rollout in one call.
-- new: this checkout's `tasks/causal_lm/logprobs.py: completion_logps` through the forward `lmhead.install` gives
-  (the output layer a chunk of tokens at a time, no full logits); grpo's `rollout_logps` calls it a micro-batch
+- new: this checkout's `tasks/causal_lm/logprobs.py: completion_logps` through head.CausalLMHead, the module the loop
+  trains (the output layer a chunk of tokens at a time, no full logits); grpo's `rollout_logps` calls it a micro-batch
   (--micro 16 completions) at a time.
 No gradients (old and reference log-probabilities): the whole rollout in one call, and (new) in micro-batches.
 With gradients (the policy, which both ways take one micro-batch at a time): the forward and the backward of the
@@ -116,15 +116,17 @@ def worker(name: str, args) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from anytrain import lmhead
-    from anytrain.tasks.causal_lm.logprobs import completion_logps
+    from anytrain.tasks.causal_lm.head import head_of
+    from anytrain.tasks.causal_lm.logprobs import bare, completion_logps
 
     way, grad, measured, per_call = VARIANTS[name]
     size = {"rollout": args.rows, "micro": args.micro}
     model, rollout = build(args.rows, args.length)
-    if way == "new" and lmhead.install(model) is not None:
-        raise SystemExit("grpo_logps_memory: the fused output layer does not apply to the model")
-    call = lambda inputs: model(**inputs)  # noqa: E731 - the bare model, as roll_out and the loop's forward call it
+    if way == "new":
+        model, why = head_of(model)
+        if why is not None:
+            raise SystemExit(f"grpo_logps_memory: the fused output layer does not apply to the model: {why}")
+    call = bare(model)  # the bare model, as roll_out calls it (the loop's forward passes a request the same way)
 
     def logps(rows):
         return old_token_logps(model, rows, call) if way == "old" else completion_logps(call, rows, 1.0)
@@ -163,7 +165,7 @@ def worker(name: str, args) -> dict:
 # --------------------------------------------------------------------------- the comparison
 def theory(args) -> dict[str, float]:
     """The float32 logits (rows x length x vocabulary x 4 bytes) of the rollout, of a micro-batch, of a fused chunk."""
-    from anytrain.lmhead import chunk_tokens
+    from anytrain.tasks.causal_lm.head import chunk_tokens
 
     each = args.length * VOCAB * 4 / MIB
     return {"full_logits_mib": args.rows * each, "micro_batch_logits_mib": args.micro * each,

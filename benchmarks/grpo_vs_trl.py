@@ -6,13 +6,13 @@ reward curve (each trainer's own logged mean reward of each step's completions),
 the two trainers sample differently, so a seed gives each its own curve. Part of `make bench`'s peers section when
 trl is installed (`make install-peers`); alone: `python benchmarks/grpo_vs_trl.py --rounds 3`."""
 
-import json
 import statistics
+from functools import partial
 from pathlib import Path
 
 import toolkit
 from peers import grpo_job
-from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head
+from toolkit import Runner, md_head, spread
 
 VARIANTS = [  # (name, trainer, kind)
     ("anytrain full", "anytrain", "full"),
@@ -25,103 +25,72 @@ LAST = 5  # "the last steps": the mean reward of the last LAST steps
 TIMEOUT = 600  # seconds per run: about 90 s on the quiet 2-core machine, 4x that when others load it to 5
 
 
-def folder(name: str) -> str:
-    """A variant's run folder: "anytrain full" -> grpo-anytrain-full."""
-    return f"grpo-{name.replace(' ', '-')}"
-
-
 def windows(train: list[dict]) -> list[float]:
     """An anytrain run's seconds per log line (one line a step here): its completions over its completions/s."""
     steps = [line["step"] - before for line, before in zip(train, [0] + [line["step"] for line in train])]
     return [n * grpo_job.PROMPTS * grpo_job.GENERATIONS / line["samples_per_s"] for n, line in zip(steps, train)]
 
 
-def anytrain_run(runner: Runner, name: str, kind: str, seed: int, data: Path, model: Path) -> dict:
-    d = runner.fresh(folder(name))
-    args = ["--model", f"hf:{model}", "--dataset", str(data), "--output-dir", str(d), "--no-progress", "--no-plot"]
-    options = [*args, *grpo_job.anytrain_options(kind, seed, grpo_job.rewards_file(data))]
-    rec = runner.run(f"grpo/{name}", launch_cmd("cpu.yaml", TRAIN, *options), timeout=TIMEOUT)
+def anytrain_run(runner: Runner, seed: int, name: str, kind: str, data: Path, model: Path) -> dict:
+    options = grpo_job.anytrain_options(kind, seed, grpo_job.rewards_file(data))
+    rec, _, train, _ = toolkit.anytrain_peer(runner, "grpo", name, data, model, options, timeout=TIMEOUT)
     if "error" not in rec:
-        train, _, s = toolkit.read_run(d)
-        rec.update(loop_s=s["first_step_s"] + s["train_seconds"], steps=s["optimizer_steps"])
-        rec.update(peak_memory_bytes=s["peak_memory_bytes"], trainable_parameters=s["trainable_parameters"])
         seconds = windows(train)  # each line's `generating`: the share of its window spent on rollouts
         generating = sum(line["generating"] * w for line, w in zip(train, seconds))
         rec.update(rewards=[line["reward"] for line in train], generating_s=generating, step_seconds=seconds)
     return rec
 
 
-def trl_run(runner: Runner, name: str, kind: str, seed: int, data: Path, model: Path) -> dict:
-    d = runner.fresh(folder(name))
-    script = BENCH / "peers" / "trl_grpo_job.py"
-    cmd = [PY, str(script), "--data", str(data), "--model", str(model), "--kind", kind, "--seed", str(seed)]
-    out = ["--json", str(d / "result.json"), "--out", str(d / "run")]
-    rec = runner.run(f"grpo/{name}", [*cmd, *out], timeout=TIMEOUT)
+def trl_run(runner: Runner, seed: int, name: str, kind: str, data: Path, model: Path) -> dict:
+    args = ["--kind", kind, "--seed", str(seed)]
+    rec = toolkit.trl_peer(runner, "grpo", name, "trl_grpo_job.py", data, model, args, timeout=TIMEOUT)
     if "error" not in rec:
-        result = json.loads((d / "result.json").read_text())
-        rec.update(result, generating_s=result["rollout_s"])
+        rec["generating_s"] = rec["rollout_s"]
     return rec
 
 
 def variant(name: str, trainer: str, kind: str, data: Path, model: Path):
-    def run(runner: Runner) -> dict:
-        seed = 42 + sum(1 for r in runner.records if r["name"] == f"grpo/{name}")  # round r: seed 42 + r
-        go = trl_run if trainer == "trl" else anytrain_run
-        waited = toolkit.settle()
-        rec = go(runner, name, kind, seed, data, model)
-        rec["waited_for_quiet_s"] = waited
-        if "error" not in rec:
-            rec.update(seed=seed, step_s=rec["loop_s"] / rec["steps"], generating=rec["generating_s"] / rec["loop_s"])
-            rec["typical_step_s"] = statistics.median(rec["step_seconds"][1:])  # the steps after the first
-        return rec
-
-    return run
+    go = partial(trl_run if trainer == "trl" else anytrain_run, name=name, kind=kind, data=data, model=model)
+    return toolkit.peer_variant("grpo", name, go, step_figures)
 
 
-def spread(values: list[float]) -> tuple[float, float]:
-    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+def step_figures(rec: dict) -> dict:
+    """Seconds per step, the share generating, and the median of the steps after the first."""
+    step_s, generating = rec["loop_s"] / rec["steps"], rec["generating_s"] / rec["loop_s"]
+    return {"step_s": step_s, "generating": generating, "typical_step_s": statistics.median(rec["step_seconds"][1:])}
 
 
 def summarise(records: list[dict]) -> dict:
-    rows = {}
-    for name, _, _ in VARIANTS:
-        ok = [r for r in records if r.get("variant") == name and "error" not in r]
-        if not ok:
-            rows[name] = None
-            continue
-        curves = [r["rewards"] for r in ok]
-        rows[name] = {
-            "step_s": min(r["step_s"] for r in ok),
-            "step_s_median": statistics.median(r["step_s"] for r in ok),
-            "typical_step_s": statistics.median(r["typical_step_s"] for r in ok),
-            "generating": statistics.median(r["generating"] for r in ok),
-            "generating_step_s": statistics.median(r["generating_s"] / r["steps"] for r in ok),
-            "peak_mib": statistics.median(r["peak_memory_bytes"] for r in ok) / 2**20,
-            "curve": [spread(list(step)) for step in zip(*curves)],  # (mean, sd over seeds) per step
-            "mean_reward": spread([statistics.mean(c) for c in curves]),
-            "last_reward": spread([statistics.mean(c[-LAST:]) for c in curves]),
-            "trainable_parameters": ok[0]["trainable_parameters"],
-            "steps": ok[0]["steps"],
-            "runs": len(ok),
-            "seeds": [r["seed"] for r in ok],
-            "other_load_median": statistics.median(r["other_load"] or 0.0 for r in ok),
-        }
-    return rows
+    return toolkit.peer_rows(records, [name for name, *_ in VARIANTS], figures)
+
+
+def figures(name: str, ok: list[dict]) -> dict:
+    curves = [r["rewards"] for r in ok]
+    out = toolkit.peer_figures(ok, "step_s")
+    out.update(
+        typical_step_s=statistics.median(r["typical_step_s"] for r in ok),
+        generating=statistics.median(r["generating"] for r in ok),
+        generating_step_s=statistics.median(r["generating_s"] / r["steps"] for r in ok),
+        curve=[spread(list(step)) for step in zip(*curves)],  # (mean, sd over seeds) per step
+        mean_reward=spread([statistics.mean(c) for c in curves]),
+        last_reward=spread([statistics.mean(c[-LAST:]) for c in curves]),
+        seeds=[r["seed"] for r in ok],
+    )
+    return out
+
+
+def cells(row: dict) -> list[str]:
+    """A variant's cells of the time and memory table, after its name."""
+    times = [f"{row['step_s']:.2f} s", f"{row['step_s_median']:.2f} s", f"{row['typical_step_s']:.2f} s"]
+    generating = f"{100 * row['generating']:.0f} % ({row['generating_step_s']:.2f} s)"
+    sizes = [f"{row['peak_mib']:,.0f} MiB", f"{row['trainable_parameters']:,}", f"{row['other_load_median']:.2f}"]
+    return [*times, generating, *sizes]
 
 
 def table(rows: dict) -> str:
     """Two tables (time and memory; the reward curve), then a line per pair."""
     head = ["variant", "time per step (best run)", "median run", "median step", "generating (share, s a step)"]
-    out = md_head(*head, "peak RSS (median)", "trainable", "others' load")
-    for name, row in rows.items():
-        if row is None:
-            out.append(f"| {name} | failed | | | | | | |")
-            continue
-        out.append(
-            f"| {name} | {row['step_s']:.2f} s | {row['step_s_median']:.2f} s | {row['typical_step_s']:.2f} s | "
-            f"{100 * row['generating']:.0f} % ({row['generating_step_s']:.2f} s) | {row['peak_mib']:,.0f} MiB | "
-            f"{row['trainable_parameters']:,} | {row['other_load_median']:.2f} |"
-        )
+    out = toolkit.peer_table([*head, "peak RSS (median)", "trainable", "others' load"], rows, cells)
     out += ["", *curve_table(rows)]
     out += [comparison(kind, rows.get(f"anytrain {kind}"), rows.get(f"trl {kind}")) for kind in ("full", "lora")]
     return "\n".join(out)

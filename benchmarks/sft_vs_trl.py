@@ -5,13 +5,12 @@ to the end of its last optimizer step, no evaluation), the process's peak reside
 completion loss scored by one function for every trainer's saved model. Part of `make bench`'s peers
 section when trl is installed (`make install-peers`); alone: `python benchmarks/sft_vs_trl.py --rounds 3`."""
 
-import json
-import statistics
+from functools import partial
 from pathlib import Path
 
 import toolkit
 from peers import sft_job
-from toolkit import BENCH, PY, TRAIN, Runner, launch_cmd, md_head
+from toolkit import Runner, spread
 
 WIDE = ["--max-steps", str(sft_job.WIDE_STEPS)]
 VARIANTS = [  # (name, trainer, kind, extra anytrain options: the wide head's --max-steps picks its model)
@@ -26,80 +25,49 @@ VARIANTS = [  # (name, trainer, kind, extra anytrain options: the wide head's --
 ]
 
 
-def folder(name: str) -> str:
-    """A variant's run folder: "anytrain full, 32k head" -> sft-anytrain-full-32k-head."""
-    return f"sft-{name.replace(',', '').replace(' ', '-')}"
-
-
-def anytrain_run(runner: Runner, name: str, kind: str, extra: list[str], seed: int, data: Path, model: Path) -> dict:
-    d = runner.fresh(folder(name))
-    args = ["--model", f"hf:{model}", "--dataset", str(data), "--output-dir", str(d), "--no-progress", "--no-plot"]
-    rec = runner.run(f"sft/{name}", launch_cmd("cpu.yaml", TRAIN, *args, *sft_job.anytrain_options(kind, seed), *extra))
+def anytrain_run(runner: Runner, seed: int, name: str, kind: str, extra: list[str], data: Path, model: Path) -> dict:
+    options = [*sft_job.anytrain_options(kind, seed), *extra]
+    rec, d, _, _ = toolkit.anytrain_peer(runner, "sft", name, data, model, options)
     if "error" not in rec:
-        s = json.loads((d / "summary.json").read_text())
-        rec.update(loop_s=s["first_step_s"] + s["train_seconds"], steps=s["optimizer_steps"])
-        rec.update(peak_memory_bytes=s["peak_memory_bytes"], trainable_parameters=s["trainable_parameters"])
         rec.update(model=str(d / "hf"))
     return rec
 
 
-def trl_run(runner: Runner, name: str, kind: str, extra: list[str], seed: int, data: Path, model: Path) -> dict:
-    d = runner.fresh(folder(name))
-    script = BENCH / "peers" / "trl_sft_job.py"
-    cmd = [PY, str(script), "--data", str(data), "--model", str(model), "--kind", kind, "--seed", str(seed), *extra]
-    rec = runner.run(f"sft/{name}", [*cmd, "--json", str(d / "result.json"), "--out", str(d / "run")])
-    if "error" not in rec:
-        rec.update(json.loads((d / "result.json").read_text()))
-    return rec
+def trl_run(runner: Runner, seed: int, name: str, kind: str, extra: list[str], data: Path, model: Path) -> dict:
+    args = ["--kind", kind, "--seed", str(seed), *extra]
+    return toolkit.trl_peer(runner, "sft", name, "trl_sft_job.py", data, model, args)
 
 
 def variant(name: str, trainer: str, kind: str, extra: list[str], data: Path, models: dict[str, Path]):
     model = models["wide" if extra == WIDE else "narrow"]
+    run = trl_run if trainer == "trl" else anytrain_run
+    go = partial(run, name=name, kind=kind, extra=extra, data=data, model=model)
 
-    def run(runner: Runner) -> dict:
-        seed = 42 + sum(1 for r in runner.records if r["name"] == f"sft/{name}")  # round r: seed 42 + r
-        if trainer == "trl":
-            rec = trl_run(runner, name, kind, extra, seed, data, model)
-        else:
-            rec = anytrain_run(runner, name, kind, extra, seed, data, model)
-        if "error" not in rec:
-            rec.update(seed=seed, heldout_loss=sft_job.completion_loss(Path(rec["model"]), data))
-        return rec
+    def scores(rec: dict) -> dict:
+        return {"heldout_loss": sft_job.completion_loss(Path(rec["model"]), data)}
 
-    return run
+    return toolkit.peer_variant("sft", name, go, scores, quiet=False)
 
 
 def summarise(records: list[dict]) -> dict:
-    rows = {}
-    for name, *_ in VARIANTS:
-        ok = [r for r in records if r.get("variant") == name and "error" not in r]
-        if not ok:
-            rows[name] = None
-            continue
-        losses = [r["heldout_loss"] for r in ok]
-        rows[name] = {
-            "loop_s": min(r["loop_s"] for r in ok),
-            "loop_s_median": statistics.median(r["loop_s"] for r in ok),
-            "peak_mib": statistics.median(r["peak_memory_bytes"] for r in ok) / 2**20,
-            "heldout_loss": statistics.mean(losses),
-            "heldout_loss_sd": statistics.stdev(losses) if len(losses) > 1 else 0.0,
-            "trainable_parameters": ok[0]["trainable_parameters"],
-            "steps": ok[0]["steps"],
-            "runs": len(ok),
-        }
-    return rows
+    return toolkit.peer_rows(records, [name for name, *_ in VARIANTS], figures)
+
+
+def figures(name: str, ok: list[dict]) -> dict:
+    loss, sd = spread([r["heldout_loss"] for r in ok])
+    return {**toolkit.peer_figures(ok, "loop_s"), "heldout_loss": loss, "heldout_loss_sd": sd}
+
+
+def cells(row: dict) -> list[str]:
+    """A variant's cells of the table, after its name."""
+    times = [f"{row['loop_s']:.1f} s", f"{row['loop_s_median']:.1f} s", f"{row['peak_mib']:,.0f} MiB"]
+    loss = f"{row['heldout_loss']:.4f} ± {row['heldout_loss_sd']:.4f}"
+    return [*times, loss, f"{row['trainable_parameters']:,}"]
 
 
 def table(rows: dict) -> str:
-    out = md_head("variant", "loop time (best)", "median", "peak RSS (median)", "held-out answer loss", "trainable")
-    for name, row in rows.items():
-        if row is None:
-            out.append(f"| {name} | failed | | | | |")
-            continue
-        out.append(
-            f"| {name} | {row['loop_s']:.1f} s | {row['loop_s_median']:.1f} s | {row['peak_mib']:,.0f} MiB | "
-            f"{row['heldout_loss']:.4f} ± {row['heldout_loss_sd']:.4f} | {row['trainable_parameters']:,} |"
-        )
+    head = ["variant", "loop time (best)", "median", "peak RSS (median)", "held-out answer loss", "trainable"]
+    out = toolkit.peer_table(head, rows, cells)
     for kind in ("full", "lora", "full, 32k head"):
         a, t = rows.get(f"anytrain {kind}"), rows.get(f"trl {kind}")
         if a and t:

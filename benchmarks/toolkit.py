@@ -1,5 +1,6 @@
 """What every script in benchmarks/ shares (`python benchmarks/<script>.py` puts this folder on sys.path): runs
-and their rounds, run folders, the machine, formats, and at the bottom the only calls into anytrain's internals."""
+and their rounds, run folders, the TRL comparisons' runs and rows (*_vs_trl.py), the machine, formats, and at the
+bottom the only calls into anytrain's internals."""
 
 import argparse
 import datetime
@@ -224,6 +225,95 @@ def peer_rounds(runner: Runner, variants: list, rounds: int, name: str, job, sum
     write_json(runner.out / f"{name}_vs_trl.json", {"rows": rows, "records": records, "job": first})
     print(table(rows), flush=True)
     return rows
+
+
+def peer_folder(job: str, name: str) -> str:
+    """A comparison's run folder for a variant: ("dpo", "anytrain dpo full, live reference") ->
+    dpo-anytrain-dpo-full-live-reference; its runs are labelled <job>/<name>."""
+    return f"{job}-{name.replace(',', '').replace(' ', '-')}"
+
+
+def anytrain_peer(runner: Runner, job: str, name: str, data: Path, model: Path, options: list, timeout=TIMEOUT):
+    """src/train.py in one CPU process on a comparison's data and hf:<model>, with the job's `options`: (record, run
+    folder, train lines, summary.json). The record gains loop_s (the start of training to the end of the last
+    optimizer step), steps, peak_memory_bytes and trainable_parameters; lines and summary are empty when it failed."""
+    d = runner.fresh(peer_folder(job, name))
+    args = ["--model", f"hf:{model}", "--dataset", str(data), "--output-dir", str(d), "--no-progress", "--no-plot"]
+    rec = runner.run(f"{job}/{name}", launch_cmd("cpu.yaml", TRAIN, *args, *options), timeout=timeout)
+    if "error" in rec:
+        return rec, d, [], {}
+    train, _, s = read_run(d)
+    rec.update(loop_s=s["first_step_s"] + s["train_seconds"], steps=s["optimizer_steps"])
+    rec.update(peak_memory_bytes=s["peak_memory_bytes"], trainable_parameters=s["trainable_parameters"])
+    return rec, d, train, s
+
+
+def trl_peer(runner: Runner, job: str, name: str, script: str, data: Path, model: Path, args: list, timeout=TIMEOUT):
+    """peers/<script>, TRL's trainer on the same job (`args`: its --kind, --seed and more): its record, with the job's
+    result.json (loop_s, steps, peak_memory_bytes, trainable_parameters, ...) when it ran."""
+    d = runner.fresh(peer_folder(job, name))
+    cmd = [PY, str(BENCH / "peers" / script), "--data", str(data), "--model", str(model), *args]
+    out = ["--json", str(d / "result.json"), "--out", str(d / "run")]
+    rec = runner.run(f"{job}/{name}", [*cmd, *out], timeout=timeout)
+    if "error" not in rec:
+        rec.update(json.loads((d / "result.json").read_text()))
+    return rec
+
+
+def peer_variant(job: str, name: str, go, scores=None, quiet: bool = True):
+    """A comparison's variant for Runner.rounds: go(runner, seed) -> record, seeded 42 + the rounds the variant has
+    run (every variant the same seed in a round), after waiting for a quiet machine (settle: the wait recorded)
+    unless not `quiet`; a run that did not fail gains its seed and scores(record), a dict."""
+
+    def run(runner: Runner) -> dict:
+        seed = 42 + sum(1 for r in runner.records if r["name"] == f"{job}/{name}")
+        waited = settle() if quiet else None
+        rec = go(runner, seed)
+        if waited is not None:
+            rec["waited_for_quiet_s"] = waited
+        if "error" not in rec:
+            rec.update(seed=seed, **(scores(rec) if scores else {}))
+        return rec
+
+    return run
+
+
+def peer_rows(records: list[dict], names: list[str], row) -> dict:
+    """A comparison's rows: {variant: row(name, its runs that did not fail)}, None for a variant whose runs all
+    failed."""
+    rows = {}
+    for name in names:
+        ok = [r for r in records if r.get("variant") == name and "error" not in r]
+        rows[name] = row(name, ok) if ok else None
+    return rows
+
+
+def peer_figures(ok: list[dict], time: str) -> dict:
+    """What every comparison's row holds: the best and the median run's `time` (loop_s, step_s), the median peak
+    RSS in MiB, the trainable parameters, steps and runs, and the median load of the machine's other processes."""
+    return {
+        time: min(r[time] for r in ok),
+        f"{time}_median": statistics.median(r[time] for r in ok),
+        "peak_mib": statistics.median(r["peak_memory_bytes"] for r in ok) / 2**20,
+        "trainable_parameters": ok[0]["trainable_parameters"],
+        "steps": ok[0]["steps"],
+        "runs": len(ok),
+        "other_load_median": statistics.median(r["other_load"] or 0.0 for r in ok),
+    }
+
+
+def peer_table(head: list[str], rows: dict, cells) -> list[str]:
+    """A comparison's Markdown table: `head`, then a line per variant, its name and cells(row) (strings), or `failed`
+    where its runs all failed."""
+    out = md_head(*head)
+    for name, row in rows.items():
+        out.append(f"| {name} | " + (" | ".join(cells(row)) if row else "failed" + " |" * (len(head) - 2)) + " |")
+    return out
+
+
+def spread(values: list[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation; 0 for one value)."""
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def read_run(run_dir: Path) -> tuple[list[dict], list[dict], dict | None]:

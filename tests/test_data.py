@@ -1,5 +1,6 @@
-"""Data: the bundled digits, local files in every supported format, synthetic data, splits,
-column options, fast batched loading, and a clear error for every kind of bad data."""
+"""Data: the bundled datasets (every name of the registry opens, an unknown one is refused), local files in every
+supported format, synthetic data, splits, column options, fast batched loading, and a clear error for every kind of
+bad data."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from anytrain.config import ConfigError, TrainConfig
-from anytrain.data.sources import DIGITS_PATH
+from anytrain.data.bundled import BUNDLED, NAMES, SHAKESPEARE_PATH, listed
+from anytrain.data.sources import DIGITS_PATH, bundled, is_text_dataset, read_dataset
 from anytrain.data.splits import make_loader
 from anytrain.tasks.settle import load
 
@@ -146,6 +148,37 @@ def test_nan_and_non_numeric_features_and_bad_labels(tmp_path):
 
 def test_hub_name_goes_through_datasets_and_fails_clearly_offline():
     assert "loading it from the hub failed" in _error(dataset="someone/no-such-dataset")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_bundled_name_opens_the_rows_it_says(name):
+    data, said = read_dataset(name)
+    rows = {split: len(part) for split, part in data.items()} if isinstance(data, dict) else {"train": len(data)}
+    assert said.startswith(f"{name} (bundled") and said.endswith(")") and "{" not in said, said
+    assert rows["train"] > 0 and bundled(name)[1] == said
+    assert BUNDLED[name].text == (name == "shakespeare")  # the only plain text: --task auto models it (lm)
+
+
+def test_the_bundled_shakespeare_is_the_whole_text_as_one_document():
+    assert NAMES[:2] == ("digits", "shakespeare") and "shakespeare-speakers" in NAMES
+    data, said = read_dataset("shakespeare")
+    assert said == "shakespeare (bundled Tiny Shakespeare)" and list(data) == ["train"]
+    assert data["train"]["text"] == [SHAKESPEARE_PATH.read_text(encoding="utf-8")]
+    assert is_text_dataset("shakespeare", "") and not is_text_dataset("shakespeare-speakers", "")
+
+
+def test_an_unknown_name_is_refused_in_one_line_listing_the_bundled_names():
+    assert bundled("shakespear") is None  # not bundled: read as a path, then from the hub
+    err = _error(dataset="shakespear")
+    assert len(err.splitlines()) == 1 and "is not a bundled dataset (" in err and "the hub failed" in err, err
+    assert f"({listed()})" in err and listed() == ", ".join(NAMES)
+
+
+def test_help_lists_the_bundled_names():
+    from anytrain.config.sections import DataConfig
+
+    said = DataConfig.__dataclass_fields__["dataset"].metadata["help"]
+    assert tuple(said.split("(", 1)[1].split(":", 1)[0].split(", ")) == NAMES  # --help's list is the registry's
 
 
 def test_list_columns_become_rows_of_features_and_ragged_lists_are_refused(tmp_path):

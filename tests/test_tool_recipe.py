@@ -14,7 +14,7 @@ from hfmodels import tool_tokenizer
 
 from anytrain.data import sums
 from anytrain.data.sources import read_dataset
-from anytrain.tasks.grpo.turns import Conversation
+from anytrain.tasks.causal_lm.turns import Conversation
 
 transformers = pytest.importorskip("transformers")
 
@@ -84,13 +84,3 @@ def test_the_recipe_asks_sums_asked_in_neither_set_and_measures_what_the_guide_s
         "well_formed": 2 / 4,  # 3 calls (1 failed) + 1 malformed turn: 2 of 4 attempts ran without an error
         "right": 0.5,
     }
-
-
-def test_help_names_every_bundled_dataset_and_each_opens():
-    from anytrain.config.sections import DataConfig
-    from anytrain.data.bundled import NAMES
-    from anytrain.data.sources import bundled
-
-    said = DataConfig.__dataclass_fields__["dataset"].metadata["help"]
-    assert tuple(said.split("(", 1)[1].split(":", 1)[0].split(", ")) == NAMES  # --help's list is the bundled one
-    assert all(bundled(name) is not None for name in NAMES) and bundled("nothing") is None

@@ -25,9 +25,9 @@ class DataConfig:
     )
     dataset: str = option(
         "digits",
-        "a bundled dataset (digits, shakespeare-speakers, instructions, questions, preferences, tool-sums, "
-        "sum-questions: docs/guide.md says what each holds), 'synthetic', a local parquet/csv/json/txt file, a folder "
-        "of them or a save_to_disk folder, or a hub dataset name",
+        "a bundled dataset (digits, shakespeare, shakespeare-speakers, instructions, questions, preferences, "
+        "tool-sums, sum-questions: docs/guide.md says what each holds), 'synthetic', a local parquet/csv/json/txt "
+        "file, a folder of them or a save_to_disk folder, or a hub dataset name",
         model_parallel=True,
     )
     input_columns: list[str] = option(

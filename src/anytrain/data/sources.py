@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import torch
 
 from ..config import ConfigError, TrainConfig, first_line
-from .bundled import DIGITS_PATH, LABELLED_TEXT, SHAKESPEARE_PATH  # noqa: F401 - their public home here too
+from .bundled import BUNDLED, DIGITS_PATH, LABELLED_TEXT, SHAKESPEARE_PATH, listed  # noqa: F401 - public here too
 
 FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json"}
 VALIDATION_NAMES = ("validation", "valid", "val", "dev")
@@ -35,7 +35,7 @@ def is_text_dataset(dataset: str, text_column: str) -> bool:
     """Plain text to model: the bundled Shakespeare, a .txt file, a folder holding .txt files and no
     images (a folder that holds images is an image folder, its stray notes.txt skipped), or a named
     text column."""
-    if dataset == "shakespeare" or text_column or dataset.lower().endswith(TEXT_SUFFIXES):
+    if (dataset in BUNDLED and BUNDLED[dataset].text) or text_column or dataset.lower().endswith(TEXT_SUFFIXES):
         return True
     path = Path(dataset).expanduser()
     if not path.is_dir():
@@ -169,32 +169,9 @@ def open_dataset(name: str, streaming: bool = False, folder=None):
 
 
 def bundled(name: str):
-    """(Dataset, its name for messages) of a bundled dataset's name (bundled.NAMES, --help's list), else None."""
-    import datasets
-
-    if name == "digits":
-        return datasets.Dataset.from_parquet(str(DIGITS_PATH)), "digits (bundled UCI handwritten digits)"
-    if name == "shakespeare-speakers":
-        from .speakers import NUM_SPEAKERS, load_speakers
-
-        return load_speakers(), f"{name} (bundled Tiny Shakespeare: who speaks, {NUM_SPEAKERS} speakers)"
-    if name in ("instructions", "questions"):
-        from .instructions import ROWS, load_instructions, load_questions
-
-        if name == "instructions":
-            return load_instructions(), f"{name} (bundled: {ROWS} generated chats with checkable answers)"
-        return load_questions(), f"{name} (bundled: {ROWS} generated questions, each with its checkable answer)"
-    if name in ("tool-sums", "sum-questions"):
-        from .sums import ROWS, load_sum_questions, load_tool_sums
-
-        if name == "tool-sums":
-            return load_tool_sums(), f"{name} (bundled: {ROWS} generated chats that add with a tool)"
-        return load_sum_questions(), f"{name} (bundled: {ROWS} generated sums, each with its answer)"
-    if name == "preferences":
-        from .preferences import ROWS, load_preferences
-
-        return load_preferences(), f"{name} (bundled: {ROWS} generated preference pairs, the chosen answers checkable)"
-    return None
+    """(Dataset or DatasetDict, its name for messages) of a bundled dataset's name (bundled.BUNDLED), else None."""
+    found = BUNDLED.get(name)
+    return None if found is None else found.open(name)
 
 
 def read_dataset(name: str, streaming: bool = False, folder=None):
@@ -235,7 +212,8 @@ def read_dataset(name: str, streaming: bool = False, folder=None):
         return datasets.load_dataset(name, streaming=streaming), f"hub:{name}"
     except Exception as e:
         raise ConfigError(
-            f"--dataset: '{name}' is not a local file or folder, and loading it from the hub failed: {first_line(e)}"
+            f"--dataset: '{name}' is not a bundled dataset ({listed()}), a local file or folder, and loading it from "
+            f"the hub failed: {first_line(e)}"
         ) from None
 
 

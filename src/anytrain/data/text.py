@@ -25,7 +25,7 @@ import torch
 from ..config import ConfigError, TrainConfig, first_line
 from ..files import atomic_path
 from ..shape import DataShape
-from .bundled import SHAKESPEARE_PATH
+from .bundled import SHAKESPEARE_PATH  # noqa: F401 - where the tests and the SFT peer job find the text
 from .sources import check_utf8, named_splits, open_dataset
 from .splits import Rows, Splits
 from .tokenizer import Vocab, bpe_for_run
@@ -141,9 +141,6 @@ def _load_text_datasets(cfg: TrainConfig) -> tuple[dict, str]:
     name = cfg.data.dataset
     path = Path(name).expanduser()
     try:
-        if name == "shakespeare":
-            raw = datasets.load_dataset("text", data_files=str(SHAKESPEARE_PATH), sample_by="document")
-            return named_splits(raw), "shakespeare (bundled Tiny Shakespeare)"
         if path.is_file() and path.suffix.lower() == ".txt":
             if path.stat().st_size == 0:
                 raise ConfigError(f"--dataset: {name} is empty")

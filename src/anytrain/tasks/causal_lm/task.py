@@ -80,22 +80,13 @@ class CausalLM(Task):
         router = describe_router(model)
         if router is not None:
             self.say(f"a mixture of experts: {router}")
-        if self.cfg.data.packing:
-            self.keep_texts_apart(model)
+        if self.cfg.data.packing:  # offered by hf:lm, sft and dpo
+            self.packed_by = keep_texts_apart(model, self.data.train, self.say)
         if self.cfg.model.gradient_checkpointing:
             hf.checkpoint_activations(model)
         if self.cfg.model.lora_r:  # the weights frozen, adapters beside them trained
             model = lora.wrap(model, lora.settings(self.cfg), self.head.auto_class, self.say)
         return CausalLMHead(model, fused=why is None)
-
-    def keep_texts_apart(self, model: nn.Module) -> None:
-        """--packing: how this model keeps the texts of a row apart, checked on it (packed.py), or refused."""
-        from ... import packed
-
-        way = packed.keep_apart(model)
-        self.data.train.mask = way  # type: ignore[attr-defined]  # packed rows: the mask in every batch it needs
-        self.packed_by = way.split()[-1]  # "positions" or "mask"
-        self.say(f"--packing: {packed.SAID[way]}")
 
     def model_from_metadata(self, meta: dict, given=None) -> nn.Module:
         return transformers.model_from_metadata(self.head, meta)
@@ -123,3 +114,14 @@ class CausalLM(Task):
         from .answers import Answers
 
         return Answers.sample(model, folder, meta, prompt, settings)
+
+
+def keep_texts_apart(model: nn.Module, train, say) -> str:
+    """--packing: how this model keeps the texts of a row apart, checked on it (packed.py), or refused; the training
+    rows told which mask their batches need. Returns "positions" or "mask"."""
+    from ... import packed
+
+    way = packed.keep_apart(model)
+    train.mask = way  # packed rows: the mask in every batch it needs
+    say(f"--packing: {packed.SAID[way]}")
+    return way.split()[-1]
