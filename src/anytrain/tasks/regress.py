@@ -16,7 +16,7 @@ from ..data.splits import Splits
 from ..data.targets import VALUES
 from ..shape import DataShape
 from ..usermodel import logits_of
-from .classify import Labelled, tables_only
+from .labelled import Labelled, tables_only
 
 
 class Regression(Labelled):

@@ -1,8 +1,9 @@
 """classify images with a transformers vision model (ViT, ConvNeXt, ...): AutoModelForImageClassification
 with num_labels, id2label and label2id from the data (a checkpoint's head for another label count is
 replaced), the images prepared by the model's own AutoImageProcessor (tasks/hf_image/hfimages.py), trained on the
-model's own loss (cross-entropy per image). Metrics and predictions are classify's; the run ends with
-the model and its image processor saved in run_dir/hf, which transformers' pipelines load."""
+model's own loss (cross-entropy per image). The class stands on Transformers (tasks/transformers.py) and composes
+ClassIds (tasks/labelled.py: the loss, metrics and predictions of every classifier over class ids); the run ends
+with the model and its image processor saved in run_dir/hf, which transformers' pipelines load."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from torch import nn
 
 from ...data.splits import Splits
 from ...hf import Head
-from ..hf_text import HFClassification
+from ..labelled import ClassIds
+from ..transformers import Transformers
 
 
-class HFImageClassification(HFClassification):
+class HFImageClassification(ClassIds, Transformers):
+    name = "classify"
     offers = frozenset({"export", "predict"})
     head = Head("AutoModelForImageClassification", "image-classification", labelled=True, positions=False)
 

@@ -12,7 +12,7 @@ from ...config import ConfigError, TrainConfig
 from ...data.targets import LISTS
 from ...shape import DataShape
 from ...usermodel import logits_of
-from ..classify import Labelled, tables_only
+from ..labelled import Labelled, tables_only
 
 
 class MultiLabel(Labelled):
