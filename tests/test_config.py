@@ -97,6 +97,87 @@ def test_help_lists_every_option_with_its_default():
     assert grpo + "completions split into --grad-accum-steps micro-batches" in batch  # prompts, not samples
 
 
+def help_of(capsys, argv: list[str]) -> str:
+    """What `train.py ARGV --help` prints (exit code 0)."""
+    from anytrain.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def flags_shown(text: str) -> set[str]:
+    """The flags --help lists an entry for (the first flag of each entry, at its line's start)."""
+    return set(re.findall(r"^  (--[a-z0-9-]+)", text, re.M))
+
+
+def section_flags(*sections: str) -> set[str]:
+    return {"--config"} | {o.flag for o in OPTIONS.values() if o.section in sections}
+
+
+COMMON = ("data", "model", "optim", "eval", "run")  # every section that is not a task's own
+COMMON_HELP_LINES = 330  # measured 309 (the five sections and a line per task section); every section: 470
+
+
+def test_help_without_a_task_shows_the_common_options_and_a_line_per_task_section(capsys):
+    text = help_of(capsys, [])
+    assert flags_shown(text) == section_flags(*COMMON)  # not --dpo-loss, --num-generations, --threshold
+    for task in ("dpo", "grpo", "multilabel"):
+        assert f"{task}'s own options: python src/train.py --task {task} --help\n" in text
+        assert f"{task} options:" not in text
+    assert len(text.splitlines()) < COMMON_HELP_LINES
+    assert len(text.splitlines()) < 0.7 * len(build_parser().format_help().splitlines())
+    assert help_of(capsys, ["--task", "auto"]) == text
+
+
+@pytest.mark.parametrize("given", ["flag", "flag=", "yaml", "flat yaml"])
+def test_help_of_a_task_shows_the_common_options_and_its_own_only(capsys, tmp_path, given):
+    """--task grpo --help, as a flag or in the --config file: the five sections and grpo's, not dpo's or
+    multilabel's, and no line pointing elsewhere."""
+    (tmp_path / "run.yaml").write_text("data:\n  task: grpo\n" if given == "yaml" else "task: grpo\n")
+    argv = {"flag": ["--task", "grpo"], "flag=": ["--task=grpo"]}.get(given, ["--config", str(tmp_path / "run.yaml")])
+    text = help_of(capsys, argv)
+    shown = flags_shown(text)
+    assert shown == section_flags(*COMMON, "grpo")
+    assert {"--num-generations", "--reward", "--lr", "--batch-size"} <= shown
+    assert not {"--dpo-loss", "--simpo-gamma", "--threshold"} & shown
+    assert "grpo options:" in text and "dpo options:" not in text and "own options: python" not in text
+    full = build_parser().format_help()
+    assert len(text.splitlines()) < len(full.splitlines()) - 20  # dpo's and multilabel's sections left out
+    assert len(text.splitlines()) < len(help_of(capsys, []).splitlines()) + len(
+        full.split("grpo options:")[1].splitlines()
+    )
+
+
+@pytest.mark.parametrize("task", ["dpo", "multilabel", "classify", "lm", "sft", "reward", "regress", "tag"])
+def test_help_of_each_task_shows_its_own_section_and_no_others(capsys, task):
+    text = help_of(capsys, ["--task", task])
+    own = (task,) if task in SECTIONS else ()
+    assert flags_shown(text) == section_flags(*COMMON, *own)
+    assert "own options: python" not in text
+    assert len(text.splitlines()) < (
+        COMMON_HELP_LINES if not own else 0.75 * len(build_parser().format_help().splitlines())
+    )
+
+
+def test_the_flags_help_leaves_out_are_still_flags():
+    assert parse_config(["--dpo-loss", "ipo"]).section("dpo").dpo_loss == "ipo"  # --task auto may pick dpo
+    assert parse_config(["--task", "classify", "--num-generations", "4"]).section("grpo").num_generations == 4
+
+
+def test_help_of_an_own_task_shows_its_options_section(capsys):
+    """--task FILE.py:Class: the common sections and its own (examples/distill.py: --teacher, --temperature, which
+    sets grpo's --temperature aside, ...); the next help without a task is the registry's again."""
+    distill = str(Path(__file__).parents[1] / "examples" / "distill.py") + ":Distill"
+    text = help_of(capsys, ["--task", distill])
+    assert flags_shown(text) == section_flags(*COMMON, "distill")
+    assert {"--teacher", "--temperature"} <= flags_shown(text)
+    assert "distill options:" in text and "--num-generations" not in flags_shown(text)
+    plain = help_of(capsys, [])
+    assert "distill" not in plain and "grpo's own options: python src/train.py --task grpo --help" in plain
+
+
 @pytest.mark.parametrize(
     "argv, expected",
     [
@@ -132,12 +213,16 @@ def test_help_and_bad_flags_answer_without_importing_torch():
     import sys
 
     code = (
-        "import sys\nfrom anytrain.cli import main\ntry:\n    main(['--lr', '0'])\nexcept SystemExit as e:\n"
-        "    print('exit', e.code, 'torch imported:', 'torch' in sys.modules)"
+        "import sys\nfrom anytrain.cli import main\n"
+        "for argv in (['--lr', '0'], ['--help'], ['--task', 'grpo', '--help'], ['--task', 'dpo', '--help']):\n"
+        "    try:\n        main(argv)\n    except SystemExit as e:\n"
+        "        print('exit', e.code, 'torch imported:', 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "--lr must be positive" in out.stderr
-    assert out.stdout.strip() == "exit 2 torch imported: False"
+    said = [line for line in out.stdout.splitlines() if line.startswith("exit ")]
+    assert said == ["exit 2 torch imported: False"] + ["exit 0 torch imported: False"] * 3
+    assert "--num-generations" in out.stdout and "--dpo-loss" in out.stdout  # the helps were printed
 
 
 @pytest.mark.parametrize(
