@@ -8,7 +8,11 @@ them together with launched fp32/fp16/bf16 runs on a CUDA machine.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 from accelerate.utils import set_seed
@@ -16,8 +20,9 @@ from conftest import max_abs_diff, read_metrics
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
+import anytrain
 from anytrain import TrainConfig, load_model
-from anytrain.optim import build_optimizer, build_scheduler, lr_factor
+from anytrain.optim import lr_factor
 from anytrain.tasks.classify import Classification
 from anytrain.tasks.settle import load
 from anytrain.trainer import train
@@ -27,6 +32,97 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 # --------------------------------------------------------------------------- the reference loop
+# Built here in plain torch, none of it with anytrain's code: the digits split and its standardisation, the
+# model, the optimizer's weight-decay groups and the LR schedule. A fault in anytrain's builders (models.py,
+# optim.param_groups, optim.lr_factor, the carving of splits) then makes the trainer differ from this loop
+# instead of being copied into it. test_the_reference_starts_from_the_trainers_data_and_weights checks the
+# starting point: the same split and the same initial weights.
+
+DIGITS = Path(anytrain.__file__).parent / "data" / "digits.parquet"  # the bundled file, read with pandas
+
+
+def digits_splits(cfg: TrainConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{split: (float32 pixels, int64 labels)} of the bundled digits, split as the trainer splits a dataset with
+    only a train split: one permutation of the rows seeded with the run's seed, its first val_fraction of the rows
+    (rounded down) for validation, the next test_fraction for test, the rest for training in the file's order."""
+    table = pd.read_parquet(DIGITS)
+    inputs = torch.from_numpy(np.stack(table["pixels"].to_numpy()).astype(np.float32))
+    targets = torch.from_numpy(table["label"].to_numpy().astype(np.int64))
+    n = len(targets)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.run.seed))
+    val, test = math.floor(n * cfg.data.val_fraction), math.floor(n * cfg.data.test_fraction)
+    rows = {"train": order[val + test :].sort().values, "validation": order[:val], "test": order[val : val + test]}
+    return {name: (inputs[index], targets[index]) for name, index in rows.items()}
+
+
+class Standardize(nn.Module):
+    """(x - mean) / std with the training split's statistics, held as buffers (they are in the state dict)."""
+
+    def __init__(self, inputs: torch.Tensor):
+        super().__init__()
+        std = inputs.std(0)
+        self.register_buffer("mean", inputs.mean(0))
+        self.register_buffer("std", torch.where(std > 0, std, torch.ones_like(std)))  # blank pixels: std 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+def reference_model(cfg: TrainConfig, train_inputs: torch.Tensor, num_classes: int) -> nn.Sequential:
+    """The trainer's model for a table (`--model auto`: an MLP): standardisation, then Linear + ReLU (+ Dropout)
+    for each hidden size, then a Linear to the classes. Built right after torch.manual_seed(seed), its Linear
+    layers draw the trainer's initial weights (PyTorch's default initialisation, the layers in the same order)."""
+    layers: list[nn.Module] = [Standardize(train_inputs)]
+    width = train_inputs.shape[1]
+    for hidden in cfg.model.hidden_sizes:
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        if cfg.model.dropout:
+            layers.append(nn.Dropout(cfg.model.dropout))
+        width = hidden
+    return nn.Sequential(*layers, nn.Linear(width, num_classes))
+
+
+def reference_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW or SGD with two groups, minGPT's rule by module and name: weight decay on the Linear layers' weight
+    matrices, none on their biases (the Standardize statistics are buffers, not parameters)."""
+    decay, no_decay = [], []
+    for module in model.modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            (decay if isinstance(module, nn.Linear) and name == "weight" else no_decay).append(parameter)
+    groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optim.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum)
+    # fused: the one-kernel AdamW the trainer uses on the CPU (torch >= 2.4), rounding as it does
+    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2), fused=True)
+
+
+def lr_at(step: int, cfg: TrainConfig, total_steps: float) -> float:
+    """The LR of the update made at optimizer step `step` (0-based): a linear warm-up reaching lr at step
+    warmup_steps - 1, then a cosine from lr down to min_lr at step total_steps. The multiplier is taken first
+    and scales lr, as torch's LambdaLR does (base_lr x factor), so with min_lr 0 the floats are exact."""
+    o = cfg.optim
+    if step < o.warmup_steps:
+        return o.lr * ((step + 1) / o.warmup_steps)
+    progress = min(1.0, (step - o.warmup_steps) / max(1, total_steps - o.warmup_steps))
+    return o.min_lr + (o.lr - o.min_lr) * (0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def reference_start(cfg: TrainConfig) -> tuple[dict, nn.Sequential]:
+    """(the splits, the model) as the reference starts: torch's global RNG seeded, then the model built."""
+    assert (cfg.data.dataset, cfg.model.name, cfg.optim.schedule) == ("digits", "auto", "cosine")
+    torch.manual_seed(cfg.run.seed)  # what set_seed does to torch, as the trainer does before building the model
+    data = digits_splits(cfg)
+    return data, reference_model(cfg, data["train"][0], num_classes=int(data["train"][1].max()) + 1)
+
+
+@dataclass
+class Tally:
+    """The reference loop's running counts: optimizer steps, clipped steps, losses since the last log, the log."""
+
+    step: int = 0
+    clipped: int = 0
+    window: list = field(default_factory=list)
+    logged: list = field(default_factory=list)
 
 
 def reference_loop(cfg: TrainConfig, *, train_loader_own_generator: bool = True) -> dict:
@@ -37,64 +133,75 @@ def reference_loop(cfg: TrainConfig, *, train_loader_own_generator: bool = True)
     `train_loader_own_generator=False` is the tutorial's `DataLoader(...)` without a generator: each
     epoch's iterator then draws its base seed from the global RNG, which dropout also uses."""
     torch.set_flush_denormal(True)  # as the trainer does on CPU (3x faster once values get tiny)
-    set_seed(cfg.run.seed)  # python, numpy and torch, as the trainer does before building the model
-    data = load(cfg)[2]
-    model = make_model(cfg.model, data.shape)
-    optimizer = build_optimizer(cfg.optim, model)
-    train_set = TensorDataset(data.train.inputs, data.train.targets)
-    val_loader = DataLoader(
-        TensorDataset(data.validation.inputs, data.validation.targets), batch_size=cfg.optim.batch_size
-    )
+    data, model = reference_start(cfg)
+    optimizer = reference_optimizer(cfg, model)
+    train_set = TensorDataset(*data["train"])
+    val_loader = DataLoader(TensorDataset(*data["validation"]), batch_size=cfg.optim.batch_size)
     n = len(train_set)
     batches_per_epoch = math.ceil(n / cfg.optim.batch_size)
     total_steps = min(
         cfg.optim.max_steps or math.inf, cfg.optim.epochs * math.ceil(batches_per_epoch / cfg.optim.grad_accum_steps)
     )
-    scheduler = build_scheduler(cfg.optim, optimizer, total_steps)
-    criterion = nn.CrossEntropyLoss()
-
-    step, window, logged, clipped = 0, [], [], 0
+    set_lr(optimizer, lr_at(0, cfg, total_steps))
+    tally = Tally()
     for epoch in range(cfg.optim.epochs):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.run.seed + epoch))
         generator = torch.Generator() if train_loader_own_generator else None
         train_loader = DataLoader(
             Subset(train_set, order.tolist()), batch_size=cfg.optim.batch_size, generator=generator
         )
-        model.train()
-        accum, size = cfg.optim.grad_accum_steps, cfg.optim.batch_size
-        for i, (inputs, targets) in enumerate(train_loader):
-            outputs = model(inputs)
-            loss = criterion(outputs, targets)
-            # a cycle's gradient is the mean over its rows, also the epoch's last, short cycle: each batch's mean
-            # weighted by its rows' share (1 where the cycle holds accum full batches), then divided by accum
-            start = i // accum * accum
-            rows = min(n, (start + accum) * size) - start * size
-            weight = len(targets) * accum / rows
-            loss = loss if weight == 1 else loss * weight
-            (loss / accum).backward()
-            window.append(loss.detach())
-            if (i + 1) % cfg.optim.grad_accum_steps and i + 1 < len(train_loader):
-                continue  # accumulate; the last, short cycle of an epoch still steps
-            if cfg.optim.max_grad_norm:
-                norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-                clipped += bool(norm > cfg.optim.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            step += 1
-            if step % cfg.run.log_every_steps == 0:  # the weighted losses' float32 sum over accum x the steps
-                mean = (torch.stack(window).float().sum() / (accum * cfg.run.log_every_steps)).item()
-                logged.append({"step": step, "loss": mean, "lr": scheduler.get_last_lr()[0]})
-                window = []
-            if step >= total_steps:
-                break
+        train_epoch(cfg, model, optimizer, train_loader, total_steps, tally)
         model.eval()
         with torch.no_grad():
             for inputs, _ in val_loader:
                 model(inputs)
-        if step >= total_steps:
+        if tally.step >= total_steps:
             break
-    return {"model": model, "logged": logged, "clipped": clipped, "steps": step, "data": data}
+    return {"model": model, "logged": tally.logged, "clipped": tally.clipped, "steps": tally.step, "data": data}
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def train_epoch(cfg: TrainConfig, model, optimizer, loader: DataLoader, total_steps: float, tally: Tally) -> None:
+    """One epoch's batches: each backward, and an optimizer step every grad_accum_steps batches and at the end."""
+    model.train()
+    criterion = nn.CrossEntropyLoss()
+    n, accum, size = len(loader.dataset), cfg.optim.grad_accum_steps, cfg.optim.batch_size
+    for i, (inputs, targets) in enumerate(loader):
+        outputs = model(inputs)
+        loss = criterion(outputs, targets)
+        # a cycle's gradient is the mean over its rows, also the epoch's last, short cycle: each batch's mean
+        # weighted by its rows' share (1 where the cycle holds accum full batches), then divided by accum
+        start = i // accum * accum
+        rows = min(n, (start + accum) * size) - start * size
+        weight = len(targets) * accum / rows
+        loss = loss if weight == 1 else loss * weight
+        (loss / accum).backward()
+        tally.window.append(loss.detach())
+        if (i + 1) % accum and i + 1 < len(loader):
+            continue  # accumulate; the last, short cycle of an epoch still steps
+        update(cfg, model, optimizer, total_steps, tally)
+        if tally.step >= total_steps:
+            return
+
+
+def update(cfg: TrainConfig, model, optimizer, total_steps: float, tally: Tally) -> None:
+    """One optimizer step: clip, step, the next step's LR, and the log line every log_every_steps."""
+    if cfg.optim.max_grad_norm:
+        norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+        tally.clipped += bool(norm > cfg.optim.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad()
+    tally.step += 1
+    lr = lr_at(tally.step, cfg, total_steps)  # the LR of the next update, which the trainer logs after this one
+    set_lr(optimizer, lr)
+    if tally.step % cfg.run.log_every_steps == 0:  # the weighted losses' float32 sum over accum x the steps
+        mean = (torch.stack(tally.window).float().sum() / (cfg.optim.grad_accum_steps * cfg.run.log_every_steps)).item()
+        tally.logged.append({"step": tally.step, "loss": mean, "lr": lr})
+        tally.window = []
 
 
 def evaluate_plain(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> dict:
@@ -160,7 +267,7 @@ def test_trainer_equals_the_tutorial_loop_bit_for_bit(tmp_path, optimizer, batch
             f"{name}: max abs diff {max_abs_diff({name: trained[name]}, {name: reference[name]})}"
         )
     assert train_log(tmp_path / "run") == ref["logged"]  # same float32 losses and the same LR, every log step
-    test = evaluate_plain(ref["model"], ref["data"].test.inputs, ref["data"].test.targets, cfg.optim.batch_size)
+    test = evaluate_plain(ref["model"], *ref["data"]["test"], cfg.optim.batch_size)
     assert (summary["test_loss"], summary["test_accuracy"]) == (test["loss"], test["accuracy"])
 
 
@@ -177,6 +284,24 @@ def test_dropout_matches_when_the_global_rng_is_drawn_alike(tmp_path):
     assert train_log(tmp_path / "run") == ref["logged"]
     plain = reference_loop(cfg, train_loader_own_generator=False)["model"].state_dict()
     assert max_abs_diff(trained, plain) > 1e-3  # other dropout masks from epoch 1 on: a different run
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_the_reference_starts_from_the_trainers_data_and_weights(tmp_path, dropout):
+    """The reference's own split, standardisation and model against the trainer's (`load` and `make_model` after
+    `set_seed`, as the trainer builds them): the same rows in each split, the same initial state dict. The parity
+    tests above then check everything the trainer does from there."""
+    cfg = TrainConfig(**COMMON, dropout=dropout, output_dir=str(tmp_path / "run"))
+    set_seed(cfg.run.seed)
+    data = load(cfg)[2]
+    trainers = make_model(cfg.model, data.shape).state_dict()
+    splits, model = reference_start(cfg)
+    for name in ("train", "validation", "test"):
+        split = getattr(data, name)
+        assert torch.equal(splits[name][0], split.inputs) and torch.equal(splits[name][1], split.targets), name
+    reference = model.state_dict()
+    assert trainers.keys() == reference.keys()
+    assert all(torch.equal(trainers[k], reference[k]) for k in trainers), max_abs_diff(trainers, reference)
 
 
 # --------------------------------------------------------------------------- accumulation, one process
