@@ -123,8 +123,9 @@ def tiny_llama(folder: Path) -> Path:
 LLM = ["--val-fraction", "0.01", "--test-fraction", "0.01", "--batch-size", "8", "--log-every-steps", "1"]
 SFT = ["--dataset", "instructions", "--max-steps", "40", *LLM]  # fp32: cpu.yaml's mixed_precision "no"
 DPO = ["--task", "dpo", "--dataset", "preferences", "--max-steps", "20", *LLM]
-GRPO = ["--task", "grpo", "--dataset", "sum-questions", "--reward", "answer", "--max-steps", "6", *LLM, "--batch-size", "2",
-        "--num-generations", "4", "--max-new-tokens", "8", "--kl-beta", "0.04", "--grpo-iterations", "2"]  # fmt: skip
+GRPO = ["--task", "grpo", "--dataset", "sum-questions", "--reward", "answer", "--max-steps", "6", *LLM,
+        "--batch-size", "2", "--num-generations", "4", "--max-new-tokens", "8", "--kl-beta", "0.04",
+        "--grpo-iterations", "2"]  # fmt: skip
 
 
 def digits(tree: Path, root: Path) -> None:
