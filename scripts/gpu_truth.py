@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Every GPU path of anytrain, run once on one CUDA machine in under 10 minutes (issue 42): each step's figures
-and checks into one JSON and one markdown table, written again after every step (a step that fails or runs out of
-time is recorded with its error; the next one still runs).
+"""anytrain's GPU paths and its comparison with TRL, run on one CUDA machine by one command of under 10 minutes:
+each step's figures and checks into one JSON and one markdown table, written again after every step (a step that
+fails or runs out of time is recorded with its error; the next one still runs).
 
 Steps, in this order (--only picks some):
   env         the GPU, torch, accelerate, transformers
@@ -18,34 +18,51 @@ Steps, in this order (--only picks some):
   grpo        --task grpo in bf16 on the same model: completions/s, the share of time generating, peak memory
   gpt         the GPT recipe (examples/shakespeare_gpu.yaml) in bf16 for a fixed step count: validation loss,
               tokens/s, MFU
+  peers       anytrain beside TRL (SFT full and LoRA packed, DPO with a cached reference, GRPO with and without
+              shared prompts) on random 0.5 B and 1 B Llama-shaped models at sequence 1,024 and 2,048, and what the GPU
+              offers anytrain, each on and off: the fused loss's chunk, fused AdamW, Liger, torch.compile, the static
+              cache and compiled decode for the rollout's generate (benchmarks/gpu_peers.py, gpu_plan.py): tokens/s,
+              MFU, peak memory, loss; peers.json and peers.md beside truth.json (--docs: into docs/benchmarks.md)
 
-    python scripts/gpu_truth.py                       # on the GPU machine: runs/gpu_truth/{truth.json,truth.md}
+Which steps: env, fsdp, lmhead and peers (the whole run, about 9 minutes on an H100; --quick: about 5, fewer and
+smaller jobs), every step with --all, or those --only names. The plan and its time estimate are printed first.
+
+    python scripts/gpu_truth.py --quick               # on the GPU machine: runs/gpu_truth/{truth,peers}.{json,md}
+    python scripts/gpu_truth.py --all                 # every step, the earlier GPU paths too (beyond 9 minutes)
     python scripts/gpu_truth.py --only llm gpt        # some steps again
-    python scripts/gpu_truth.py --dry-run             # on a CPU: every step at toy sizes, the script checked
+    python scripts/gpu_truth.py --export "$OUT"       # the whole run, its 5 result files also copied there
+    python scripts/gpu_truth.py --quick --estimate    # anywhere: the plan and its estimate, nothing run
+    python scripts/gpu_truth.py --docs-from runs/gpu_truth/peers.json   # its rows into docs/benchmarks.md's block
+    python scripts/gpu_truth.py --dry-run             # on a CPU: the steps at toy sizes, the script checked
 
-Needs torch with CUDA, accelerate, transformers, peft and datasets; downloads nothing. Exit code 0 when every step
-ran and every check passed (a dry run: every step ran), 1 otherwise, 2 without CUDA and without --dry-run.
+Needs torch with CUDA, accelerate, transformers, peft and datasets, and for peers trl (liger-kernel optional);
+downloads nothing. Exit code 0 when every step ran and every check passed (a dry run: every step ran), 1 otherwise,
+2 without CUDA and without --dry-run, or for a plan that does not fit the card.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks")]
 
+import gpu_peers  # noqa: E402  (benchmarks/gpu_peers.py: the peers step)
+import gpu_plan  # noqa: E402  (benchmarks/gpu_plan.py: its jobs, sizes and estimate)
 import toolkit  # noqa: E402  (benchmarks/toolkit.py: launches, logs, GPU peaks)
 from peers import dpo_job, sft_job  # noqa: E402
 
 LLAMA_100M = {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12}
 LLAMA_TOY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
-SIZES = {  # the full run (about 7 minutes on an H100/H200) and the CPU dry run
+SIZES = {  # the earlier steps at full size (about 7 minutes of --all on an H100/H200) and on the CPU dry run
     False: {"epochs": 10, "gpt_steps": 1000, "gpt": [], "llm_steps": 60, "llm_batch": 32, "vocab": 32768,
             "shape": LLAMA_100M, "mfu": ["--rounds", "1"],
             "lmhead": ["--rows", "16", "--length", "512", "--vocab", "32768", "128256", "--rounds", "1"]},
@@ -55,14 +72,22 @@ SIZES = {  # the full run (about 7 minutes on an H100/H200) and the CPU dry run
            "lmhead": ["--rows", "2", "--length", "32", "--vocab", "512", "2048", "--rounds", "1", "--steps", "2"],
            "mfu": ["--rounds", "1"]},
 }  # fmt: skip
+QUICK = {"epochs": 4, "lmhead": ["--rows", "16", "--length", "512", "--vocab", "128256", "--rounds", "1"]}  # --quick
+# (the lmhead step's 128k vocabulary alone is also the whole run's; --all measures 32k too, as before)
 MARGIN = 0.02  # largest allowed test-accuracy drop of bf16/fp16 below fp32 (docs/equivalence.md)
+DEFAULT_STEPS = ["env", "fsdp", "lmhead", "peers"]  # the whole run and --quick; --all: every step
+DOCS = ROOT / "docs" / "benchmarks.md"  # --docs: the peers' rows go between gpu_peers.MARKERS there
+PEERS_NEED = ("datasets", "peft", "trl")  # beside torch, accelerate and transformers (liger-kernel: optional)
 
 
 class Run:
     """The script's state: options, sizes, output folder, deadline, and what each step found."""
 
     def __init__(self, args: argparse.Namespace):
-        self.args, self.dry, self.sizes = args, args.dry_run, SIZES[args.dry_run]
+        self.args, self.dry, self.quick = args, args.dry_run, args.quick
+        self.sizes = SIZES[args.dry_run]
+        if not args.dry_run and (args.quick or not args.all):  # the fused loss at 128k only; --quick: fewer epochs
+            self.sizes = {**self.sizes, "lmhead": QUICK["lmhead"], **(QUICK if args.quick else {})}
         self.out = toolkit.out_dir(args.out)
         self.deadline = time.monotonic() + args.budget
         self.steps: dict[str, dict] = {}
@@ -96,9 +121,30 @@ class Run:
         step.setdefault("checks", []).append({"check": name, "result": state, "detail": detail})
 
     def write(self) -> None:
-        meta = {"dry_run": self.dry, "date": time.strftime("%Y-%m-%d"), "budget_s": self.args.budget}
+        meta = {
+            "dry_run": self.dry,
+            "quick": self.quick,
+            "date": time.strftime("%Y-%m-%d"),
+            "budget_s": self.args.budget,
+        }
         toolkit.write_json(self.out / "truth.json", {**meta, "steps": self.steps}, indent=1)
         (self.out / "truth.md").write_text(markdown(self.steps, self.dry))
+        if self.args.export:
+            export(self.out, Path(self.args.export))
+
+
+def export(out: Path, to: Path) -> None:
+    """The results copied to `to` (a GPU lease's folder that brings back a few files): truth and peers, JSON and
+    Markdown, and in logs.tar.gz every log, each peers job's result and its anytrain run's metrics and summary."""
+    to.mkdir(parents=True, exist_ok=True)
+    for name in ("truth.json", "truth.md", "peers.json", "peers.md"):
+        if (out / name).exists():
+            shutil.copy(out / name, to / name)
+    small = [*out.glob("*.log"), *out.glob("peers/*.json"), *out.glob("peers/results/*.json")]
+    small += [*out.glob("peers/runs/*/metrics.jsonl"), *out.glob("peers/runs/*/summary.json")]
+    with tarfile.open(to / "logs.tar.gz", "w:gz") as tar:
+        for path in sorted(small):
+            tar.add(path, arcname=str(path.relative_to(out)))
 
 
 def on_gpu(summary: dict) -> bool:
@@ -115,8 +161,21 @@ def step_env(run: Run, step: dict) -> None:
     memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else 0.0
     step["rows"] = [{"gpu": gpu, "memory_gib": round(memory, 1), "torch": torch.__version__,
                      "cuda": torch.version.cuda, "accelerate": accelerate.__version__,
-                     "transformers": transformers.__version__, "python": sys.version.split()[0]}]  # fmt: skip
+                     "transformers": transformers.__version__, "python": sys.version.split()[0],
+                     **{name: installed(name) for name in PEERS_NEED + ("liger-kernel",)}}]  # fmt: skip
     run.check(step, "a CUDA device", cuda, gpu)
+    missing = [name for name in PEERS_NEED if installed(name) == "missing"]
+    run.check(step, f"the peers step's packages ({', '.join(PEERS_NEED)})", not missing, ", ".join(missing), False)
+
+
+def installed(name: str) -> str:
+    """The package's version, or "missing"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "missing"
 
 
 def step_pytest(run: Run, step: dict) -> None:
@@ -159,6 +218,8 @@ def step_fsdp(run: Run, step: dict) -> None:
                      "samples_per_s": s["samples_per_s"], "wall_s": s["wall_s"]}]  # fmt: skip
     run.check(step, "FSDP on the GPU", on_gpu(s) and scenario["distributed_type"] == "FSDP", str(scenario))
     run.check(step, "it trains (test accuracy >= 0.9)", s["test_accuracy"] >= 0.9, f"{s['test_accuracy']:.4f}")
+    epochs = run.sizes["epochs"]  # the last GPU run stopped at its first checkpoint
+    run.check(step, f"every epoch ran ({epochs})", s["epochs_completed"] == epochs, str(s["epochs_completed"]))
 
 
 def step_compile(run: Run, step: dict) -> None:
@@ -313,7 +374,7 @@ def step_grpo(run: Run, step: dict) -> None:
 
 STEPS = {"env": step_env, "pytest": step_pytest, "precisions": step_precisions, "fsdp": step_fsdp,
          "compile": step_compile, "mfu": step_mfu, "lmhead": step_lmhead, "llm": step_llm, "grpo": step_grpo,
-         "gpt": step_gpt}  # fmt: skip
+         "gpt": step_gpt, "peers": gpu_peers.step}  # fmt: skip
 
 
 def cell(v) -> str:
@@ -342,20 +403,48 @@ def markdown(steps: dict, dry: bool) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def options(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "runs" / "gpu_truth"), help="folder for truth.json, truth.md, logs")
     p.add_argument("--only", nargs="+", choices=list(STEPS), help="run these steps only (in the script's order)")
-    p.add_argument("--budget", type=float, default=540, help="seconds for all steps; a step gets what is left")
+    p.add_argument("--all", action="store_true", help="every step (the earlier GPU paths too), not just the default")
+    p.add_argument("--quick", action="store_true", help="fewer and smaller jobs: about 5 minutes on an H100")
+    p.add_argument("--budget", type=float, help="seconds for all steps, a step gets what is left (default 540; 300 "
+                   "with --quick)")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="on a CPU: every step at toy sizes (checks the script)")
+    p.add_argument("--estimate", action="store_true", help="print the plan and its time estimate, run nothing")
+    p.add_argument("--docs", action="store_true", help="after the run, peers.md's rows into docs/benchmarks.md")
+    p.add_argument("--docs-from", type=Path, help="a peers.json: its rows into docs/benchmarks.md, nothing run")
+    p.add_argument(
+        "--export", help="also copy the results to this folder after each step (5 files: a GPU lease's $OUT)"
+    )
     args = p.parse_args(argv)
-    import torch
+    args.budget = args.budget or (300.0 if args.quick else 540.0)
+    return args
 
-    if not torch.cuda.is_available() and not args.dry_run:
-        print("gpu_truth: no CUDA device here; run it on a GPU machine (or --dry-run to check the script)")
-        return 2
-    run = Run(args)
-    for name in [s for s in STEPS if not args.only or s in args.only]:
+
+def chosen(args: argparse.Namespace) -> list[str]:
+    """The steps to run, in the script's order: --only's, every one with --all, else DEFAULT_STEPS."""
+    wanted = args.only or (list(STEPS) if args.all else DEFAULT_STEPS)
+    return [s for s in STEPS if s in wanted]
+
+
+def estimate(args: argparse.Namespace, steps: list[str]) -> bool:
+    """Print the plan of the peers step and every step's estimate; False where a job would not fit the card."""
+    try:
+        jobs = gpu_plan.plan(args.quick, False) if "peers" in steps else []  # a dry run's: those of a GPU run
+    except gpu_plan.PlanError as e:
+        print(f"gpu_truth: refused: {e}")
+        return False
+    total, text = gpu_plan.estimate(jobs, steps, args.quick, args.dry_run)
+    print(text, flush=True)
+    if total > args.budget and not args.dry_run:
+        print(f"gpu_truth: the estimate is above the {args.budget:.0f} s budget: the last jobs may be skipped")
+    return True
+
+
+def run_steps(run: Run, steps: list[str]) -> None:
+    for name in steps:
         step: dict = {"status": "ran"}
         start = time.monotonic()
         try:
@@ -368,7 +457,29 @@ def main(argv=None) -> int:
         run.steps[name] = step
         run.write()
         print(f"gpu_truth: {name}: {step['status']} in {step['seconds']:.0f} s", flush=True)
+
+
+def main(argv=None) -> int:
+    args = options(argv)
+    if args.docs_from:
+        rep = json.loads(args.docs_from.read_text())
+        print("gpu_truth:", gpu_peers.write_docs(gpu_peers.render(rep), DOCS))
+        return 0
+    steps = chosen(args)
+    if not estimate(args, steps):
+        return 2
+    import torch
+
+    if args.estimate:
+        return 0
+    if not torch.cuda.is_available() and not args.dry_run:
+        print("gpu_truth: no CUDA device here; run it on a GPU machine (or --dry-run to check the script)")
+        return 2
+    run = Run(args)
+    run_steps(run, steps)
     print((run.out / "truth.md").read_text())
+    if args.docs and (run.out / "peers.md").exists():
+        print("gpu_truth:", gpu_peers.write_docs((run.out / "peers.md").read_text(), DOCS))
     return 0 if all(s["status"] == "ran" for s in run.steps.values()) else 1
 
 

@@ -47,7 +47,7 @@ def test_a_step_that_raises_is_recorded_and_the_next_step_runs(tmp_path, monkeyp
         run.check(step, "a figure above 2", False, "1.5", real_run=False)  # counted on a dry run too
 
     monkeypatch.setattr(gpu_truth, "STEPS", {"env": broken, "mfu": checked})
-    assert gpu_truth.main(["--dry-run", "--out", str(tmp_path)]) == 1
+    assert gpu_truth.main(["--dry-run", "--all", "--out", str(tmp_path)]) == 1
     steps = json.loads((tmp_path / "truth.json").read_text())["steps"]
     assert steps["env"]["status"] == "failed" and steps["env"]["error"] == "RuntimeError: no such config"
     assert steps["mfu"]["status"] == "check failed" and steps["mfu"]["checks"][0]["result"] == "FAIL"
