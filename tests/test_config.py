@@ -32,7 +32,7 @@ def test_defaults_are_the_dataclass_defaults():
 
 
 def test_every_option_lives_in_one_section_with_its_facts():
-    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "dpo", "grpo", "multilabel"]
+    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "kto", "dpo", "grpo", "multilabel"]
     assert len({o.flag for o in OPTIONS.values()}) == len(OPTIONS)  # one flag each
     assert {o.section for o in OPTIONS.values()} == set(SECTIONS)
     cfg = TrainConfig(lr=0.05, model="cnn", hidden_sizes=[8], eval_every_steps=3, seed=7)
@@ -113,7 +113,11 @@ def flags_shown(text: str) -> set[str]:
 
 
 def section_flags(*sections: str) -> set[str]:
-    return {"--config"} | {o.flag for o in OPTIONS.values() if o.section in sections}
+    """The flags of the sections' options, those registry tasks share (ALSO: --beta, --reference) included."""
+    from anytrain.config.schema import ALSO
+
+    shared = {o.flag for options in ALSO.values() for o in options if o.section in sections}
+    return {"--config"} | {o.flag for o in OPTIONS.values() if o.section in sections} | shared
 
 
 COMMON = ("data", "model", "optim", "eval", "run")  # every section that is not a task's own
@@ -301,7 +305,7 @@ def test_an_own_tasks_option_may_share_a_registry_tasks_name_and_each_run_gets_i
     assert own.section("distill").temperature == 2.0 and "grpo" not in SECTIONS
     grpo = TrainConfig(task="grpo", temperature=0.7)
     assert grpo.section("grpo").temperature == 0.7 and "distill" not in SECTIONS
-    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "dpo", "grpo", "multilabel"]
+    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "kto", "dpo", "grpo", "multilabel"]
     assert TrainConfig(temperature=0.5).section("grpo").temperature == 0.5  # --task auto: the registry's options
     # the own task's config made before keeps its options (a distiller reads its teacher's classify run meanwhile)
     assert own.flat()["temperature"] == 2.0 and own.replace(lr=0.1).section("distill").temperature == 2.0
@@ -331,3 +335,19 @@ def test_a_repeatable_list_option_adds_a_repeated_flag_and_any_other_takes_the_l
     assert parse_config(["--task", "grpo", "--reward", "answer", "length:9"]).section("grpo").reward[1] == "length:9"
     assert parse_config(["--hidden-sizes", "64", "32"]).model.hidden_sizes == [64, 32]
     assert parse_config(["--hidden-sizes", "64", "--hidden-sizes", "32"]).model.hidden_sizes == [32]
+
+
+def test_a_flag_registry_tasks_share_sets_each_and_each_keeps_its_own_default():
+    """dpo and kto both take --beta and --reference (TRL's names): one flag; given, every section that has it takes
+    it; not given, each keeps its own default; the run's task's value is the one `get`, flat() and the checks read."""
+    from anytrain.config.schema import ALSO, option_of
+
+    assert {"beta", "reference"} <= set(ALSO)
+    given = parse_config(["--task", "kto", "--beta", "0.3"])
+    assert given.section("kto").beta == given.section("dpo").beta == 0.3 and given.get("beta") == 0.3
+    kto, dpo = parse_config(["--task", "kto"]), parse_config(["--task", "dpo"])
+    assert kto.get("beta") == kto.section("kto").beta and dpo.get("beta") == dpo.section("dpo").beta
+    assert option_of("beta", "kto").section == "kto" and option_of("beta", "dpo").section == "dpo"
+    assert kto.replace(lr=1e-3).section("kto") == kto.section("kto")  # replace keeps each section's default
+    with pytest.raises(ConfigError, match="--beta must be positive"):
+        parse_config(["--task", "kto", "--beta", "-1"])

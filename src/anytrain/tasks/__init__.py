@@ -12,6 +12,7 @@ per task.
     hf:seq2seq   hf_seq2seq/     a transformers encoder-decoder on source and target texts; exact match, BLEU
     hf:sft       hf_sft/         a transformers causal LM on chats (loss on the answers); exact match by generation
     hf:dpo       dpo/            a transformers causal LM on preference pairs: DPO, IPO, SimPO, ORPO; reward accuracy
+    hf:kto       kto/            a transformers causal LM on unpaired preferences: KTO, APO-zero; reward margin, KL
     hf:reward    reward/         a transformers sequence classifier, one output, on preference pairs; pairwise accuracy
     hf:grpo      grpo/           a transformers causal LM on prompts, rewarded by functions: GRPO, DAPO, GSPO; reward
     hf:classify-images  hf_image/    a transformers vision model with its image processor (--task classify on images)
@@ -50,6 +51,7 @@ class Line:
 REGISTRY: dict[str, Line] = {
     "lm": Line("lm", "lm:LanguageModel"),
     "hf:lm": Line("lm", "hf_lm:HFCausalLM"),
+    "hf:kto": Line("kto", "kto.task:KahnemanTversky", "kto.options:KTOOptions"),  # before sft: prompt, completion
     "hf:sft": Line("sft", "hf_sft:SupervisedFineTuning"),
     "hf:dpo": Line("dpo", "dpo.task:DirectPreference", "dpo.options:DPOOptions"),
     "hf:reward": Line("reward", "reward.task:RewardModel"),

@@ -11,6 +11,6 @@ pairs the reward model reads too. Not a task: nothing here is registered.
     chats.py       sft's chats and instructions, rendered and tokenised, the answers' tokens learned
     pairs.py       preference pairs (dpo, reward), rendered and tokenised, TRL's implicit-prompt split
     reference.py   the frozen reference (dpo, grpo): a live copy, or the model with its adapter off
-    cached.py      dpo's reference log-probabilities, computed once before step 0 and saved
+    cached.py      dpo's and kto's reference log-probabilities, computed once before step 0 and saved
     tools.py       tool calling: the tools' schemas, running a call, parsing a turn
 """

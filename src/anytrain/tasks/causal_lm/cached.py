@@ -1,8 +1,11 @@
-"""The reference log-probabilities of full fine-tuning (`--reference cached`): every pair's, for every split,
-computed once before step 0 by the model as it starts (evaluation mode, no gradients, in the run's precision),
-each rank a share of the rows, then saved in the run folder (`reference_logps.safetensors`) under a key of the
-model's weights, the data's tokens and the precision. A resumed run whose key matches reads them back rather
-than computing them, so its reference is the very one the run started with, bit for bit."""
+"""The reference log-probabilities of full fine-tuning (`--reference cached`, dpo's and kto's): every row's, for
+every split, computed once before step 0 by the model as it starts (evaluation mode, no gradients, in the run's
+precision), each rank a share of the rows, then saved in the run folder (`reference_logps.safetensors`) under a key
+of the model's weights, the data's tokens and the precision. A resumed run whose key matches reads them back rather
+than computing them, so its reference is the very one the run started with, bit for bit (`start`: the whole flow).
+
+A split's rows say which sequences a row has (`sequences(indices)`: each row's first sequences, then its second
+ones, ...): dpo's pair its chosen and rejected answer, kto's row its completion and its KL pair's."""
 
 from __future__ import annotations
 
@@ -56,11 +59,35 @@ def write(run_dir: Path, logps: dict[str, torch.Tensor], digest: str) -> None:
         save_file({k: v.contiguous() for k, v in logps.items()}, str(tmp), metadata={"key": digest})
 
 
+def start(ctx, data: Splits, batch_size: int, max_length: int, resume: str) -> None:
+    """Every split's reference log-probabilities, by the model as it starts, given to the splits' rows (`reference`:
+    their batches carry them): read back from the run folder when the key matches (a resumed run), else computed now
+    and saved there. `ctx` is the run's contract.RunContext (on_run_start's), `resume` the run's --resume."""
+    accelerator, model = ctx.accelerator, ctx.accelerator.unwrap_model(ctx.model)
+    digest = key(model, data, accelerator.mixed_precision, max_length)
+    found = read(ctx.run_dir, digest) if resume else None
+    if found is None:
+        accelerator.print(
+            "anytrain: computing the reference log-probabilities once, before step 0 (--reference cached)"
+        )
+        found = {
+            split: compute(accelerator, model, getattr(data, split), batch_size)
+            for split in SPLITS
+            if getattr(data, split) is not None
+        }
+        if accelerator.is_main_process:  # kept for a resumed run
+            write(ctx.run_dir, found, digest)
+    else:
+        accelerator.print(f"anytrain: the reference log-probabilities read from {ctx.run_dir / FILE} (the same key)")
+    for split, logps in found.items():
+        getattr(data, split).reference = logps
+
+
 @torch.no_grad()
 def compute(accelerator, model: nn.Module, rows, batch_size: int) -> torch.Tensor:
-    """(pairs, 2) float32: each pair's chosen and rejected log-probability under the model (in the run's
-    precision: accelerator.autocast); each rank computes every num_processes-th batch, and the ranks' shares are
-    gathered."""
+    """(rows, k) float32: each row's k sequences' log-probabilities under the model (dpo's pair: its chosen and
+    rejected answer), in the run's precision (accelerator.autocast); each rank computes every num_processes-th batch,
+    and the ranks' shares are gathered."""
     from accelerate.utils import gather_object
 
     was_training = model.training
@@ -73,7 +100,7 @@ def compute(accelerator, model: nn.Module, rows, batch_size: int) -> torch.Tenso
         with accelerator.autocast():
             batch = {k: v.to(accelerator.device) for k, v in inputs.items()}
             table = sequence_logps(bare(model), batch)
-        mine.append((start, table[:, 0].view(2, -1).T.float().cpu()))
+        mine.append((start, table[:, 0].view(len(table) // len(indices), -1).T.float().cpu()))
     items = gather_object(mine) if accelerator.num_processes > 1 else mine  # every rank's (start, values), in order
     model.train(was_training)
     found = dict(items)

@@ -103,28 +103,8 @@ class DirectPreference(CausalLM):
         resumed run), else computed now and saved there. --reference live: a frozen copy of the starting model."""
         self.autocast = ctx.accelerator.autocast
         self.reference.start(ctx)
-        if self.reference.how != "cached":
-            return
-        accelerator, model = ctx.accelerator, ctx.accelerator.unwrap_model(ctx.model)
-        digest = cached.key(model, self.data, accelerator.mixed_precision, self.cfg.data.max_length)
-        found = cached.read(ctx.run_dir, digest) if self.cfg.run.resume else None
-        if found is None:
-            accelerator.print(
-                "anytrain: computing the reference log-probabilities once, before step 0 (--reference cached)"
-            )
-            found = {
-                split: cached.compute(accelerator, model, getattr(self.data, split), self.cfg.optim.batch_size)
-                for split in cached.SPLITS
-                if getattr(self.data, split) is not None
-            }
-            if accelerator.is_main_process:  # kept for a resumed run
-                cached.write(ctx.run_dir, found, digest)
-        else:
-            accelerator.print(
-                f"anytrain: the reference log-probabilities read from {ctx.run_dir / cached.FILE} (the same key)"
-            )
-        for split, logps in found.items():
-            getattr(self.data, split).reference = logps
+        if self.reference.how == "cached":
+            cached.start(ctx, self.data, self.cfg.optim.batch_size, self.cfg.data.max_length, self.cfg.run.resume)
 
     # --------------------------------------------------------------------------- the step
     def train_step(self, ctx: RunContext, batch: PairBatch) -> torch.Tensor:

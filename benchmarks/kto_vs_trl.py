@@ -1,0 +1,107 @@
+"""anytrain's --task kto side by side with TRL 1.16's KTOTrainer: the unpaired preference job of peers/kto_job.py
+through both, full fine-tuning (anytrain's defaults, a cached reference and its seeded KL pairs over shuffled rows,
+against TRL's default live reference model and its rotated KL pairs over rows in order), anytrain with TRL's pairs and
+order (--kl-pairs trl: the same batches and KL pairs as TRL's) and a live reference, TRL with its precomputed
+reference, and LoRA (both: the model with its adapter off), in interleaved rounds (each round its own seed, the same
+for every variant). Per variant: loop time (the start of training to the end of its last optimizer step, no
+evaluation), the process's peak resident memory, real tokens/s (anytrain), and the held-out reward accuracy and DPO
+loss of the implicit rewards, scored by one function for every trainer's saved model. Needs trl and peft
+(`pip install -e ".[peers]"`): `python benchmarks/kto_vs_trl.py --rounds 3`."""
+
+import statistics
+from functools import partial
+from pathlib import Path
+
+import toolkit
+from peers import kto_job
+from toolkit import Runner, spread
+
+TRL_LIKE = ["--kl-pairs", "trl", "--reference", "live"]  # TRL's KL pairs, its order of rows and its reference
+VARIANTS = [  # (name, trainer, kind, extra options: anytrain's flags or trl_kto_job.py's)
+    ("anytrain kto full", "anytrain", "full", []),
+    ("trl kto full", "trl", "full", []),
+    ("anytrain kto full, TRL's pairs, live reference", "anytrain", "full", TRL_LIKE),
+    ("trl kto full, precomputed reference", "trl", "full", ["--precompute"]),
+    ("anytrain kto lora", "anytrain", "lora", []),
+    ("trl kto lora", "trl", "lora", ["--lora"]),
+]
+PAIRS = [  # (what, anytrain's variant, TRL's variant)
+    ("KTO full, each trainer's defaults", "anytrain kto full", "trl kto full"),
+    ("KTO full, the same pairs, order and live reference", "anytrain kto full, TRL's pairs, live reference",
+     "trl kto full"),
+    ("KTO full, both a precomputed reference", "anytrain kto full", "trl kto full, precomputed reference"),
+    ("KTO LoRA", "anytrain kto lora", "trl kto lora"),
+]  # fmt: skip
+
+
+def anytrain_run(runner: Runner, seed: int, name: str, kind: str, extra: list[str], data: Path, model: Path) -> dict:
+    options = [*kto_job.anytrain_options(kind, seed), *extra]
+    rec, d, _, s = toolkit.anytrain_peer(runner, "kto", name, data / "train", model, options)
+    if "error" not in rec:
+        rec.update(tokens_per_s=s["tokens_per_s"], start_to_first_step_s=s["start_to_first_step_s"])
+        rec.update(model=str(d / "hf"))
+    return rec
+
+
+def trl_run(runner: Runner, seed: int, name: str, kind: str, extra: list[str], data: Path, model: Path) -> dict:
+    args = ["--kind", "kto", "--seed", str(seed), *extra]
+    return toolkit.trl_peer(runner, "kto", name, "trl_kto_job.py", data, model, args)
+
+
+def variant(name: str, trainer: str, kind: str, extra: list[str], data: Path, model: Path):
+    run = trl_run if trainer == "trl" else anytrain_run
+    go = partial(run, name=name, kind=kind, extra=extra, data=data, model=model)
+    return toolkit.peer_variant("kto", name, go, lambda rec: kto_job.scores(Path(rec["model"]), model, data))
+
+
+def figures(name: str, ok: list[dict]) -> dict:
+    out = toolkit.peer_figures(ok, "loop_s")
+    out.update(reward_accuracy=spread([r["reward_accuracy"] for r in ok]), loss=spread([r["dpo_loss"] for r in ok]))
+    if "tokens_per_s" in ok[0]:
+        out["tokens_per_s"] = max(r["tokens_per_s"] for r in ok)  # the best run's, as the loop time's
+        out["tokens_per_s_median"] = statistics.median(r["tokens_per_s"] for r in ok)
+        out["start_to_first_step_s"] = statistics.median(r["start_to_first_step_s"] for r in ok)
+    return out
+
+
+def cells(row: dict) -> list[str]:
+    """A variant's cells of the table, after its name."""
+    (acc, acc_sd), (loss, loss_sd) = row["reward_accuracy"], row["loss"]
+    rate = f"{row['tokens_per_s']:,.0f}" if "tokens_per_s" in row else ""
+    times = [f"{row['loop_s']:.1f} s", f"{row['loop_s_median']:.1f} s", f"{row['peak_mib']:,.0f} MiB"]
+    scores = [f"{acc:.3f} ± {acc_sd:.3f}", f"{loss:.4f} ± {loss_sd:.4f}", rate]
+    return [*times, *scores, f"{row['trainable_parameters']:,}", f"{row['other_load_median']:.2f}"]
+
+
+def table(rows: dict) -> str:
+    head = ["variant", "loop time (best)", "median", "peak RSS (median)", "held-out reward accuracy"]
+    head += ["held-out DPO loss of the rewards", "real tokens/s (best)", "trainable", "others' load"]
+    out = toolkit.peer_table(head, rows, cells)
+    for what, a_name, t_name in PAIRS:
+        a, t = rows.get(a_name), rows.get(t_name)
+        if a and t:
+            sd = max(a["reward_accuracy"][1], t["reward_accuracy"][1])
+            out.append(
+                f"\n{what}: TRL / anytrain loop time {t['loop_s'] / a['loop_s']:.3f}, peak RSS "
+                f"{t['peak_mib'] / a['peak_mib']:.3f}; held-out reward accuracy anytrain - TRL "
+                f"{a['reward_accuracy'][0] - t['reward_accuracy'][0]:+.3f} (seed-to-seed sd {sd:.3f}), loss "
+                f"{a['loss'][0] - t['loss'][0]:+.4f} (sd {max(a['loss'][1], t['loss'][1]):.4f})"
+            )
+    return "\n".join(out)
+
+
+def main(argv=None) -> dict | None:
+    args = toolkit.parser(__doc__, out="bench_out/kto", rounds=3).parse_args(argv)
+    if toolkit.trl_missing("the unpaired preference job"):
+        return None
+    out = toolkit.out_dir(args.out)
+    data = kto_job.write_data(out / "data")
+    model = kto_job.build_model(out / "model")
+    runner = Runner(out)
+    variants = [(name, variant(name, *rest, data, model)) for name, *rest in VARIANTS]
+    summarise = partial(toolkit.peer_rows, names=[name for name, *_ in VARIANTS], row=figures)
+    return toolkit.peer_rounds(runner, variants, args.rounds, "kto", kto_job, summarise, table)
+
+
+if __name__ == "__main__":
+    main()
