@@ -183,7 +183,8 @@ def test_bad_lora_options_are_one_line_and_write_nothing(folders, tmp_path, caps
     )
     classify = ["--model", f"hf:{folders['gpt2']}", "--dataset", str(folders["data"]), "--text-column", "text"]
     err = run_cli_error(capsys, [*classify, "--label-column", "label", "--lora-r", "8", *out])
-    assert "--lora-r: --task classify does not train LoRA adapters (tasks that do: lm, sft, dpo, reward, grpo)" in err
+    said = "--lora-r: --task classify does not train LoRA adapters (tasks that do: lm, kto, sft, dpo, reward, grpo)"
+    assert said in err
     assert not (tmp_path / "run").exists()
 
 
@@ -247,7 +248,7 @@ def test_packing_for_another_model_or_task_is_one_line(folders, tmp_path, capsys
     assert "--packing packs texts for transformers causal LMs (--model hf:...) only" in err
     classify = ["--model", f"hf:{folders['gpt2']}", "--dataset", str(folders["data"]), "--text-column", "text"]
     err = run_cli_error(capsys, [*classify, "--label-column", "label", "--packing", *out])
-    assert "--packing: --task classify does not pack texts (tasks that do: lm, sft, dpo)" in err
+    assert "--packing: --task classify does not pack texts (tasks that do: lm, kto, sft, dpo)" in err
     err = run_cli_error(
         capsys, [*args(folders, "--packing", "--max-length", "256"), *out]
     )  # rows longer than positions
