@@ -57,7 +57,7 @@ class DistillOptions:
 
 
 class Distill(Task):
-    name = "distill"
+    name = "kd"  # its config section (kd:); the registry's --task distill is on-policy LLM distillation
     goals = {"loss": LOWER, "accuracy": HIGHER, "agreement": HIGHER}
     headline = "accuracy"
     offers = frozenset({"predict"})
@@ -89,7 +89,7 @@ class Distill(Task):
         data = load_labelled(self.cfg, given)
         splits = {"train": data.train, "validation": data.validation, "test": data.test}
         if not all(isinstance(split, TensorPairs) for split in splits.values()):
-            raise ConfigError("--task distill reads tables held in memory (not images, streams or Arrow files)")
+            raise ConfigError("examples/distill.py reads tables held in memory (not images, streams or Arrow files)")
         teacher = self.teacher_model()
         classes = data.shape.num_classes
         with_logits = {name: TensorPairs(s.inputs, with_teacher(teacher, s, classes)) for name, s in splits.items()}

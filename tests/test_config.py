@@ -32,7 +32,7 @@ def test_defaults_are_the_dataclass_defaults():
 
 
 def test_every_option_lives_in_one_section_with_its_facts():
-    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "kto", "dpo", "grpo", "multilabel"]
+    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "kto", "dpo", "grpo", "distill", "multilabel"]
     assert len({o.flag for o in OPTIONS.values()}) == len(OPTIONS)  # one flag each
     assert {o.section for o in OPTIONS.values()} == set(SECTIONS)
     cfg = TrainConfig(lr=0.05, model="cnn", hidden_sizes=[8], eval_every_steps=3, seed=7)
@@ -175,11 +175,11 @@ def test_help_of_an_own_task_shows_its_options_section(capsys):
     sets grpo's --temperature aside, ...); the next help without a task is the registry's again."""
     distill = str(Path(__file__).parents[1] / "examples" / "distill.py") + ":Distill"
     text = help_of(capsys, ["--task", distill])
-    assert flags_shown(text) == section_flags(*COMMON, "distill")
+    assert flags_shown(text) == section_flags(*COMMON, "kd")
     assert {"--teacher", "--temperature"} <= flags_shown(text)
-    assert "distill options:" in text and "--num-generations" not in flags_shown(text)
+    assert "kd options:" in text and "--num-generations" not in flags_shown(text)
     plain = help_of(capsys, [])
-    assert "distill" not in plain and "grpo's own options: python src/train.py --task grpo --help" in plain
+    assert "kd options" not in plain and "grpo's own options: python src/train.py --task grpo --help" in plain
 
 
 @pytest.mark.parametrize(
@@ -302,13 +302,13 @@ def test_an_own_tasks_option_may_share_a_registry_tasks_name_and_each_run_gets_i
     config reads the option of the task it trains, and the registry's comes back after the own task's run."""
     distill = str(Path(__file__).parents[1] / "examples" / "distill.py") + ":Distill"
     own = TrainConfig(task=distill, temperature=2.0)
-    assert own.section("distill").temperature == 2.0 and "grpo" not in SECTIONS
+    assert own.section("kd").temperature == 2.0 and "grpo" not in SECTIONS
     grpo = TrainConfig(task="grpo", temperature=0.7)
-    assert grpo.section("grpo").temperature == 0.7 and "distill" not in SECTIONS
-    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "kto", "dpo", "grpo", "multilabel"]
+    assert grpo.section("grpo").temperature == 0.7 and "kd" not in SECTIONS
+    assert list(SECTIONS) == ["data", "model", "optim", "eval", "run", "kto", "dpo", "grpo", "distill", "multilabel"]
     assert TrainConfig(temperature=0.5).section("grpo").temperature == 0.5  # --task auto: the registry's options
     # the own task's config made before keeps its options (a distiller reads its teacher's classify run meanwhile)
-    assert own.flat()["temperature"] == 2.0 and own.replace(lr=0.1).section("distill").temperature == 2.0
+    assert own.flat()["temperature"] == 2.0 and own.replace(lr=0.1).section("kd").temperature == 2.0
 
 
 def test_reading_another_runs_config_leaves_the_run_being_configured_as_it_was(tmp_path):
@@ -322,8 +322,8 @@ def test_reading_another_runs_config_leaves_the_run_being_configured_as_it_was(t
     own = TrainConfig(task=distill, teacher="runs/teacher", temperature=2.0)  # the run being configured
     teacher = anytrain.read_config(tmp_path)
     assert teacher.data.task == "classify" and teacher.run.seed == 7
-    assert "distill" in SECTIONS and "grpo" not in SECTIONS
-    assert own.flat()["teacher"] == "runs/teacher" and own.replace(lr=0.5).section("distill").temperature == 2.0
+    assert "kd" in SECTIONS and "grpo" not in SECTIONS
+    assert own.flat()["teacher"] == "runs/teacher" and own.replace(lr=0.5).section("kd").temperature == 2.0
 
 
 def test_a_repeatable_list_option_adds_a_repeated_flag_and_any_other_takes_the_last():

@@ -237,7 +237,7 @@ def test_bad_input_is_one_line_naming_the_option_and_writes_nothing(folders, tmp
         ([f"hf:{vit}", *labelled], "a vit model has no sequence-classification head"),
         ([f"hf:{bert}", *labelled, "--max-length", "129"], "--max-length 129 exceeds the 128 positions"),
         ([f"hf:{bert}", "--dataset", str(numbers), "--text-column", "n", "--label-column", "label"], "is not text"),
-        ([f"hf:{bert}", *labelled, "--task", "regress"], "models train --task classify, dpo, grpo, kto, lm"),
+        ([f"hf:{bert}", *labelled, "--task", "regress"], "models train --task classify, distill, dpo, grpo, kto, lm"),
     ]
     for argv, expected in cases:
         out = tmp_path / "out"

@@ -287,7 +287,7 @@ def test_a_required_option_left_out_is_one_line_naming_it_and_the_task(capsys, t
     assert err == f"train.py: error: --teacher is required by --task {spec}"
     err = run_cli_error(capsys, ["--task", spec, "--teacher", "", "--output-dir", str(out)])
     assert err == f"train.py: error: --teacher is required by --task {spec}"
-    (tmp_path / "given.yaml").write_text(f"distill:\n  teacher: {tmp_path / 'absent'}\n")
+    (tmp_path / "given.yaml").write_text(f"kd:\n  teacher: {tmp_path / 'absent'}\n")
     err = run_cli_error(capsys, ["--task", spec, "--config", str(tmp_path / "given.yaml"), "--output-dir", str(out)])
     assert f"--teacher: {tmp_path / 'absent'} is not a finished anytrain run folder" in err
     assert not out.exists()

@@ -13,6 +13,7 @@ from ..files import write_atomically
 from .facts import ConfigError, first_line
 from .schema import (
     ALIASES,
+    ALSO,
     OPTIONS,
     SECTIONS,
     SET_ASIDE,
@@ -152,7 +153,7 @@ def read_config(run_dir: str | Path) -> TrainConfig:
 def registration_kept():
     """Sections registered in the block stay; a section the block displaced (reading a registry task's run brings
     back the registry sections an own task had set aside, and sets that task's aside) puts everything back."""
-    tables: list[dict] = [SECTIONS, OPTIONS, ALIASES, TASK_SECTIONS, SET_ASIDE]
+    tables: list[dict] = [SECTIONS, OPTIONS, ALSO, ALIASES, TASK_SECTIONS, SET_ASIDE]
     kept, shared = [dict(table) for table in tables], set(SHARED_SECTIONS)
     try:
         yield

@@ -69,8 +69,9 @@ def add_section(task: str, name: str, cls: type, shared: bool = False, at: int |
         raise ConfigError(f"--task {task}: its options section '{name}' is already an option or a section")
     yields = SHARED_SECTIONS - {name} if not shared else set(SECTIONS) - SHARED_SECTIONS - set(BASE_SECTIONS)
     # an own task's option that names a registry task's sets that section aside; registry tasks share a name
+    order = list(SECTIONS)  # each section set aside keeps its place in the order before any stepped aside
     for other in [o for o in yields if o in SECTIONS and _flags(SECTIONS[o]) & _flags(cls)]:
-        place = list(SECTIONS).index(other)
+        place = order.index(other)
         stepped_aside = SECTIONS.pop(other)
         if not shared:
             SET_ASIDE[other] = (place, stepped_aside)
@@ -194,6 +195,8 @@ class TrainConfig:
     def get(self, name: str):
         """An option's value by its option name ('lr', 'model'); of a name registry tasks share, the run's task's."""
         o = option_of(name, self.data.task)
+        if o.section not in self.sections:  # an own task's config, made while its option set that section aside
+            return _values(getattr(self, TASK_SECTIONS[self.data.task]))[name]
         return getattr(getattr(self, o.section), o.field)
 
     def flat(self) -> dict:

@@ -15,6 +15,8 @@ per task.
     hf:kto       kto/            a transformers causal LM on unpaired preferences: KTO, APO-zero; reward margin, KL
     hf:reward    reward/         a transformers sequence classifier, one output, on preference pairs; pairwise accuracy
     hf:grpo      grpo/           a transformers causal LM on prompts, rewarded by functions: GRPO, DAPO, GSPO; reward
+    hf:distill   distill/        a transformers causal LM on prompts, taught a teacher's distributions on its own
+                                 completions (generalized JSD; --task distill only); divergence
     hf:classify-images  hf_image/    a transformers vision model with its image processor (--task classify on images)
 
 A task subclasses contract.Task (the enforced contract: each class is checked here, once). The registry is
@@ -56,6 +58,7 @@ REGISTRY: dict[str, Line] = {
     "hf:dpo": Line("dpo", "dpo.task:DirectPreference", "dpo.options:DPOOptions"),
     "hf:reward": Line("reward", "reward.task:RewardModel"),
     "hf:grpo": Line("grpo", "grpo.task:GroupRelative", "grpo.options:GRPOOptions"),
+    "hf:distill": Line("distill", "distill.task:OnPolicyDistillation", "distill.options:DistillOptions"),
     "multilabel": Line("multilabel", "multilabel.task:MultiLabel", "multilabel.options:MultiLabelOptions"),
     "regress": Line("regress", "regress:Regression"),
     "classify": Line("classify", "classify:Classification"),

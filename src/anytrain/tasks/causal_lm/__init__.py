@@ -1,5 +1,5 @@
-"""The causal-LM base: everything the transformers causal-LM tasks (hf:lm, sft, dpo, grpo) share, and the preference
-pairs the reward model reads too. Not a task: nothing here is registered.
+"""The causal-LM base: everything the transformers causal-LM tasks (hf:lm, sft, dpo, kto, grpo, distill) share, and the
+preference pairs the reward model reads too. Not a task: nothing here is registered.
 
     task.py        CausalLM, their abstract base: the model, its fused output layer, reload, export, sample
     tokens.py      NextTokenLoss: the next-token loss and evaluation (hf:lm, sft)
@@ -13,4 +13,7 @@ pairs the reward model reads too. Not a task: nothing here is registered.
     reference.py   the frozen reference (dpo, grpo): a live copy, or the model with its adapter off
     cached.py      dpo's and kto's reference log-probabilities, computed once before step 0 and saved
     tools.py       tool calling: the tools' schemas, running a call, parsing a turn
+    divergence.py  distill's generalized JSD between a teacher and the model, a chunk of tokens at a time
+    completions.py the completions table of the tasks that sample their own completions (grpo, distill)
+    figures.py     their time and tool figures in the training log lines
 """

@@ -8,13 +8,14 @@ cross-entropy do): one chunk's logits exist at a time, and the gradients of its 
 are computed while they do (`ChunkedNLL`).
 
 `CausalLMHead(model, fused)` holds the transformers model's own submodules under their own names, so its weights,
-checkpoints and saved files are the model's, name for name. Its forward answers three calls, each through the one
+checkpoints and saved files are the model's, name for name. Its forward answers four calls, each through the one
 module that DDP and FSDP wrap, so their gradients synchronise:
   - `head(**inputs, labels=..., num_items_in_batch=...)`: the model's own loss, the sum of the next-token
     cross-entropy over the targets divided by num_items_in_batch (else their count), fused; in evaluation also each
     row's summed loss, targets and correct tokens (`FusedOutput.row_stats`);
   - `head(LogpsRequest(inputs, labels, temperature))`: `TokenLogps`, each labelled token's log-probability under
     softmax(logits / T), 0 elsewhere (tasks/causal_lm/logprobs.py takes every log-probability this way);
+  - `head(request)` for a `HeadRequest`: `request.answer(head)` (distill's divergence, tasks/causal_lm/divergence.py);
   - `head(**inputs)` without labels: the model's own forward (a prompt's key-value cache).
 Whether the loss is fused is decided once, when the head is made (`why_not`: the model's output layer and logit
 scaling, and whether the run shards the output layer, a run fact): a model that cannot be fused computes its
@@ -262,6 +263,15 @@ class LogpsRequest:
     temperature: float = 1.0
 
 
+class HeadRequest:
+    """A call the head answers by handing itself to the request, inside its forward (so that DDP and FSDP see the
+    pass): a method that reads the backbone and the output layer its own way (distill's divergence,
+    causal_lm/divergence.py)."""
+
+    def answer(self, head: CausalLMHead) -> Any:
+        raise NotImplementedError
+
+
 class CausalLMHead(nn.Module):
     """A transformers causal LM (or its peft model) as the loop trains it (module docstring). `wrapped` is the model
     itself, for generate and save_pretrained; attributes the head does not have are the model's (its config, its
@@ -305,9 +315,12 @@ class CausalLMHead(nn.Module):
 
     def forward(self, request: LogpsRequest | torch.Tensor | None = None, *, labels=None, num_items_in_batch=None,
                 **inputs):  # fmt: skip
-        """A LogpsRequest's TokenLogps; else the model's inputs (the ids may come first, as a model's do)."""
+        """A LogpsRequest's TokenLogps, a HeadRequest's answer; else the model's inputs (the ids may come first, as a
+        model's do)."""
         if isinstance(request, LogpsRequest):
             return TokenLogps(self.token_logps(request))
+        if isinstance(request, HeadRequest):
+            return request.answer(self)
         if request is not None:
             inputs["input_ids"] = request
         if labels is None:

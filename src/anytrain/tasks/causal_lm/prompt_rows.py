@@ -78,8 +78,8 @@ def load_prompts(
     train = splits["train"]
     if PROMPT not in train.column_names:
         raise ConfigError(
-            f"--task grpo: {source} has no '{PROMPT}' column (columns: {', '.join(train.column_names)}): grpo "
-            "answers prompts, scored by --reward"
+            f"--task {cfg.data.task}: {source} has no '{PROMPT}' column (columns: {', '.join(train.column_names)}): "
+            f"{cfg.data.task} trains on the model's answers to prompts"
         )
     chats = isinstance(train[0][PROMPT], list)
     if chats and not tokenizer.chat_template:

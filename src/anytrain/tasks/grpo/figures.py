@@ -7,17 +7,19 @@ of completion tokens whose ratio was clipped (below, above), the KL to the refer
 the time since the last line spent on rollouts (`generating`), and its parts (`time_generate`: the model's generate,
 `time_tools`: the tools' calls, `time_rewards`: the reward functions, `time_logps`: the old and reference
 log-probabilities, each a share of the line's time). And what the reward functions logged with log_metric, each under
-its own name: the mean of each rollout's mean over its calls on every process (as TRL), over the line's rollouts."""
+its own name: the mean of each rollout's mean over its calls on every process (as TRL), over the line's rollouts.
+The time and tool figures are the causal-LM base's (causal_lm/figures.py), which distill shares."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 
 import torch
 
-TOOLS = ("tool_calls", "tool_failures", "turns", "called_tools", "malformed_turns")
+from ..causal_lm.figures import TOOLS, RolloutFigures
+from ..causal_lm.figures import mean as _mean
+from ..causal_lm.figures import std as _std
+
 PHASES = ("generate", "tools", "rewards", "logps")  # where a rollout's time goes: time_PHASE, shares of the line's
 LOOP_KEYS = ("kind", "split", "step", "epoch", "loss", "lr", "samples_per_s", "tokens_per_s", "skipped_steps")
 OWN = ("reward", "reward_std", "flat_groups", "completion_length", "completion_length_max", "truncated",
@@ -29,28 +31,16 @@ def reserved(names: list[str]) -> frozenset[str]:
     return frozenset([*LOOP_KEYS, *OWN, *(f"reward_{n}" for n in names), *(f"reward_{n}_std" for n in names)])
 
 
-class Figures:
+class Figures(RolloutFigures):
+    PHASES = PHASES
+
     def __init__(self) -> None:
+        super().__init__()
         self.rollout: torch.Tensor | None = None  # summed over the rollouts since the last line, every process's
         self.longest = 0.0
         self.step = torch.zeros(4, dtype=torch.float64)  # this process's clipped low, high, KL, tokens
-        self.generating, self.since, self.names = 0.0, time.perf_counter(), [""]
-        self.phases = dict.fromkeys(PHASES, 0.0)  # seconds since the last line
+        self.names = [""]
         self.logged: list[dict[str, tuple[float, int]]] = []  # per rollout: this process's log_metric sums, counts
-        self.tools: torch.Tensor | None = None  # with tools: calls, failures, turns, callers, malformed, completions
-
-    def start(self) -> None:
-        self.generating, self.since = 0.0, time.perf_counter()
-        self.phases = dict.fromkeys(PHASES, 0.0)
-
-    @contextlib.contextmanager
-    def timed(self, phase: str):
-        """The time of the block, added to the phase's."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phases[phase] += time.perf_counter() - started
 
     def add_rollout(
         self, accelerator, table: torch.Tensor, reward: torch.Tensor, done, generations: int, names, logged: dict
@@ -76,23 +66,6 @@ class Figures:
         longest = accelerator.gather(lengths.max().view(1)).max().item()
         self.longest = max(self.longest, longest)
 
-    def add_tools(self, accelerator, sums: torch.Tensor, completions: int) -> None:
-        """A rollout's tool figures (causal_lm/turns.py: counts), summed over every process."""
-        local = torch.cat([sums, torch.tensor([float(completions)], dtype=torch.float64)]).to(accelerator.device)
-        summed = accelerator.reduce(local, "sum").cpu()
-        self.tools = summed if self.tools is None else self.tools + summed
-
-    def tool_figures(self) -> dict:
-        """Per completion: calls, model turns, the share that called; failed calls per call (TRL's
-        failure_frequency), malformed turns per turn."""
-        if self.tools is None:
-            return {}
-        calls, failed, turns, callers, malformed, completions = self.tools.tolist()
-        self.tools = None
-        return {"tool_calls": calls / completions, "tool_failures": failed / calls if calls else 0.0,
-                "turns": turns / completions, "called_tools": callers / completions,
-                "malformed_turns": malformed / turns if turns else 0.0}  # fmt: skip
-
     def add_step(self, stats: dict, tokens: torch.Tensor) -> None:
         for k, name in enumerate(("clipped_low", "clipped_high", "kl")):
             if name in stats:
@@ -117,9 +90,7 @@ class Figures:
         )  # fmt: skip
         if step[2] != 0:
             out["kl"] = _mean(step[2], step[3])
-        elapsed = time.perf_counter() - self.since
-        out["generating"] = self.generating / elapsed if elapsed > 0 else None
-        out.update({f"time_{p}": seconds / elapsed if elapsed > 0 else None for p, seconds in self.phases.items()})
+        out.update(self.time_figures())
         out.update(self.logged_means(accelerator))
         out.update(self.tool_figures())
         self.rollout, self.longest, self.step = None, 0.0, torch.zeros(4, dtype=torch.float64)
@@ -155,11 +126,3 @@ def flat_groups(reward: torch.Tensor, generations: int) -> torch.Tensor:
     high = groups.masked_fill(missing, -math.inf).max(1).values
     low = groups.masked_fill(missing, math.inf).min(1).values
     return ((high == low) | missing.all(1)).double()
-
-
-def _mean(total: torch.Tensor, count: torch.Tensor) -> float | None:
-    return (total / count).item() if count > 0 else None
-
-
-def _std(total: torch.Tensor, squares: torch.Tensor, count: torch.Tensor) -> float | None:
-    return ((squares / count - (total / count) ** 2).clamp(min=0) ** 0.5).item() if count > 0 else None

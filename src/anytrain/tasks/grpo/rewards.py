@@ -34,6 +34,7 @@ import torch
 
 from ...config import ConfigError, first_line
 from ...usermodel import import_attr
+from ..causal_lm.completions import text_of
 from ..causal_lm.tools import resolved
 
 
@@ -99,11 +100,6 @@ class RewardCall:
                     f"--reward {scorer.name}: log_extra({column!r}) got {len(values)} values for {n} completions "
                     "(one each)"
                 )
-
-
-def text_of(completion) -> str:
-    """A completion's text: itself, or a chat's last message's content (none: "", a turn of tool calls alone)."""
-    return completion if isinstance(completion, str) else str(completion[-1].get("content") or "")
 
 
 def answer_reward(prompts, completions, completion_ids, answer=None, **columns) -> list[float | None]:
