@@ -13,9 +13,16 @@ from typing import Any, cast
 
 from torch import nn
 
+from ...config import ConfigError
 from .logprobs import bare
 
 WAYS = ("live", "adapter", "cached", "none")
+
+
+def check_reference_option(option: str, lora_r: int) -> None:
+    """dpo's and kto's --reference as given: `adapter` needs an adapter to turn off."""
+    if option == "adapter" and not lora_r:
+        raise ConfigError("--reference adapter: the model with its adapter off needs LoRA (--lora-r)")
 
 
 class Reference:
@@ -26,6 +33,11 @@ class Reference:
             raise ValueError(f"reference: {how} is not one of {', '.join(WAYS)}")
         self.how = how
         self.frozen: nn.Module | None = None  # live: the starting model, frozen (start)
+
+    @classmethod
+    def of_option(cls, option: str, lora_r: int) -> Reference:
+        """dpo's and kto's --reference: `auto` is the adapter's base under LoRA, else the cached log-probabilities."""
+        return cls(("adapter" if lora_r else "cached") if option == "auto" else option)
 
     @property
     def per_batch(self) -> bool:

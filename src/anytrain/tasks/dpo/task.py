@@ -30,7 +30,7 @@ from ..causal_lm import cached
 from ..causal_lm.answers import Answers
 from ..causal_lm.logprobs import sequence_logps
 from ..causal_lm.pairs import PairBatch
-from ..causal_lm.reference import Reference
+from ..causal_lm.reference import Reference, check_reference_option
 from ..causal_lm.task import CausalLM
 from ..contract import RunContext
 from .losses import LOSSES, Pairs
@@ -70,20 +70,14 @@ class DirectPreference(CausalLM):
             raise ConfigError(
                 f"--reference {o.reference}: --dpo-loss {o.dpo_loss} has no reference model (leave --reference auto)"
             )
-        if o.reference == "adapter" and not cfg.model.lora_r:
-            raise ConfigError("--reference adapter: the model with its adapter off needs LoRA (--lora-r)")
+        check_reference_option(o.reference, cfg.model.lora_r)
 
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
         o = cfg.section(self.name)
         self.o, self.formula = o, LOSSES[o.dpo_loss]
-        if o.dpo_loss in REFERENCE_FREE:
-            how = "none"
-        elif o.reference == "auto":
-            how = "adapter" if cfg.model.lora_r else "cached"
-        else:
-            how = o.reference
-        self.reference = Reference(how)  # live: a frozen copy made at the run's start
+        free = o.dpo_loss in REFERENCE_FREE
+        self.reference = Reference("none") if free else Reference.of_option(o.reference, cfg.model.lora_r)
         self.stops: list[int] = []  # where a generated answer stops (load_data)
         self.answers: Answers | None = None  # generated answers: exact match, the log's examples (load_data)
         self.autocast: Callable = contextlib.nullcontext  # the run's precision for the reference (on_run_start)

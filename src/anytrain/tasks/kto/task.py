@@ -37,7 +37,7 @@ from ...usermodel import logits_of
 from ..causal_lm import cached
 from ..causal_lm.answers import Answers
 from ..causal_lm.logprobs import bare, sequence_logps
-from ..causal_lm.reference import Reference
+from ..causal_lm.reference import Reference, check_reference_option
 from ..causal_lm.task import CausalLM
 from ..contract import RunContext
 from .batches import KTOBatch, KTORows
@@ -81,16 +81,14 @@ class KahnemanTversky(CausalLM):
                 "mismatched prompts and completions and needs a batch of 2 rows or more, as TRL's KTOTrainer does "
                 "(or --kto-loss apo_zero_unpaired, which has no KL term)"
             )
-        if o.reference == "adapter" and not cfg.model.lora_r:
-            raise ConfigError("--reference adapter: the model with its adapter off needs LoRA (--lora-r)")
+        check_reference_option(o.reference, cfg.model.lora_r)
 
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
         o = cfg.section(self.name)
         self.o, self.with_kl = o, o.kto_loss in WITH_KL
         self.weights = (o.desirable_weight, o.undesirable_weight)
-        how = ("adapter" if cfg.model.lora_r else "cached") if o.reference == "auto" else o.reference
-        self.reference = Reference(how)  # live: a frozen copy made at the run's start
+        self.reference = Reference.of_option(o.reference, cfg.model.lora_r)  # live: a frozen copy made at the start
         self.stops: list[int] = []  # where a generated answer stops (load_data)
         self.answers: Answers | None = None  # generated answers: exact match, the log's examples (load_data)
         self.autocast: Callable = contextlib.nullcontext  # the run's precision (on_run_start)
