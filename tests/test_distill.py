@@ -254,6 +254,8 @@ def test_bad_input_is_one_line_each(folders, capsys, tmp_path):
         (plain, "--teacher is required by --task distill"),
         ([*args(folders), "--beta", "1.5", *out], "--beta must be in [0, 1], got 1.5"),
         ([*args(folders), "--beta", "-0.1", *out], "--beta must be in [0, 1], got -0.1"),
+        ([*args(folders), "--min-p", "2", *out], "--min-p must be in [0, 1], got 2.0"),
+        ([*args(folders), "--repetition-penalty", "-1", *out], "--repetition-penalty must be positive, got -1.0"),
         ([*args(folders), "--teacher", str(folders["teacher"]), *out], "the teacher is a transformers causal LM"),
         ([*args(folders), "--teacher", f"hf:{bert}", *out], "--teacher hf:"),
         ([*args(folders), "--teacher", f"hf:{gpt2}", *out], "its tokenizer is not the student's (400 tokens"),
@@ -300,7 +302,7 @@ class Adder:
 def test_an_environments_tools_are_called_and_said(tmp_path_factory, tmp_path, monkeypatch):
     """--environment (one instance per completion, its reset's text added to the prompt, its methods the tools) and
     --max-tool-calls: the first turns scripted (tests/tooldata.py), the tools answered, the figures and the table
-    say the calls; a completion's length is its own tokens."""
+    say the calls, the start-up line the limit; a completion's length is its own tokens."""
     from tooldata import scripted, write_sums
 
     root = tmp_path_factory.mktemp("distill_env")
@@ -311,13 +313,33 @@ def test_an_environments_tools_are_called_and_said(tmp_path_factory, tmp_path, m
     flags = ["--task", "distill", "--model", f"hf:{student}", "--teacher", f"hf:{teacher}", "--dataset",
              str(root / "data"), "--environment", f"{root / 'env.py'}:Adder", "--max-tool-calls", "1",
              "--max-new-tokens", "100", "--batch-size", "6", "--max-steps", "1", "--log-every-steps", "1"]  # fmt: skip
-    in_process(tmp_path / "run", *flags)
+    with contextlib.redirect_stdout(printed := io.StringIO()):
+        in_process(tmp_path / "run", *flags)
+    assert "anytrain: tools: at most 1 call per completion (--max-tool-calls; TRL: no limit)\n" in printed.getvalue()
     line = [m for m in read_metrics(tmp_path / "run") if m["kind"] == "train"][0]
     assert all("Use the add tool." in turn["prompt"] for turn in seen)  # reset's text in every prompt
     assert line["tool_calls"] > 0 and line["turns"] >= 1 and 0 < line["completion_length"] <= 100
     rows = [json.loads(row) for row in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
     assert any("[call " in row["completion"] and " -> " in row["completion"] for row in rows)
     assert all(row["length"] <= 100 for row in rows)
+
+
+def test_the_rollouts_sampling_flags_reach_the_students_generate(folders, tmp_path, monkeypatch):
+    """--top-k, --min-p, --repetition-penalty (and --top-p, --temperature) are the rollout engine's, as grpo's: the
+    student's every sampled generate call gets them; its greedy answers (none here) would not."""
+    from anytrain.tasks.causal_lm import rollout
+
+    calls, real = [], rollout.generate
+
+    def recorded(model, prompts, keys, sampling, chunk=0, shared=None):
+        calls.append((keys is not None, sampling))
+        return real(model, prompts, keys, sampling, chunk, shared)
+
+    monkeypatch.setattr(rollout, "generate", recorded)
+    flags = ["--top-k", "3", "--min-p", "0.1", "--repetition-penalty", "1.2", "--top-p", "0.9", "--temperature", "0.8"]
+    in_process(tmp_path / "run", *args(folders, "--max-steps", "1", *flags))
+    sampled = {(s.top_k, s.min_p, s.repetition_penalty, s.top_p, s.temperature) for keyed, s in calls if keyed}
+    assert sampled == {(3, 0.1, 1.2, 0.9, 0.8)} and len(calls) >= 2  # the start-up check's, the step's, evaluation's
 
 
 # --------------------------------------------------------------------------- it learns; it is exact

@@ -18,6 +18,7 @@ import json
 import math
 import random
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,17 +29,10 @@ from hfmodels import tiny_bert_mlm, tiny_llama
 
 from anytrain import load_model
 from anytrain.config import ConfigError, TrainConfig
-from anytrain.tasks.causal_lm.generation import (
-    NoisyScores,
-    Sampling,
-    completion_keys,
-    generate,
-    gumbel,
-    left_padded,
-    read_back,
-)
+from anytrain.tasks.causal_lm.generation import generate, left_padded, prompt_cache, read_back
 from anytrain.tasks.causal_lm.head import head_of
 from anytrain.tasks.causal_lm.logprobs import bare, completion_logps
+from anytrain.tasks.causal_lm.sampler import NoisyScores, Sampling, Seen, completion_keys, gumbel, sampled_scores
 from anytrain.tasks.grpo import loss as objective
 from anytrain.tasks.grpo.rewards import Reward, load_rewards, scores, total
 from anytrain.tasks.grpo.task import GroupRelative
@@ -188,6 +182,122 @@ def test_gumbel_noise_samples_the_tempered_softmax_within_the_nucleus():
         torch.zeros(len(keys), 5), logits.expand(len(keys), -1)
     )
     assert set(scores.argmax(1).tolist()) == {0, 1}  # softmax 0.64, 0.24: the smallest set of mass 0.7 is tokens 0, 1
+
+
+def test_the_noise_is_murmur3_in_int64_a_position_at_a_time_whatever_its_block():
+    """sampler.noise hashes in int32 (products wrapping) a block of positions at once: the very floats of the
+    finaliser in int64 without overflow, one position at a time, for any key, position (past 2**32 too) and size;
+    and generate's processor reads each position's from its block (blocks of 1, 3 or all positions: one sample)."""
+    from anytrain.tasks.causal_lm import sampler
+    from anytrain.tasks.causal_lm.sampler import MASK32, SALT, mix32, noise
+
+    def int64(keys, position, vocabulary):
+        tokens = torch.arange(vocabulary, dtype=torch.int64)
+        x = mix32(mix32(mix32(keys[:, None] ^ (position & MASK32)) ^ tokens[None, :]) ^ SALT)
+        return (-torch.log(-torch.log((x.double() + 0.5) / 2.0**32))).float()
+
+    generator = torch.Generator().manual_seed(1)
+    edges = torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 1])
+    for rows, vocabulary, first, count in ((5, 7, 0, 3), (3, 2049, 2**32 - 2, 4), (17, 400, 123, 5), (1, 1, 9, 1)):
+        keys = torch.cat([edges, torch.randint(0, 2**32, (rows,), generator=generator)])
+        block = noise(keys, range(first, first + count), vocabulary)
+        assert torch.equal(block, torch.stack([int64(keys, p, vocabulary) for p in range(first, first + count)], 1))
+    keys, scores = completion_keys(3, 0, 0, torch.arange(3), 2), torch.randn(6, 50)
+    picks = {}
+    for size in (50 * 6, 3 * 50 * 6, sampler.NOISE_BLOCK):  # blocks of 1, 3 and all 8 positions
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sampler, "NOISE_BLOCK", size)
+            processor = NoisyScores(keys, 4, Sampling(8, (0,), 0))
+            picks[size] = [processor(torch.zeros(6, 4 + p), scores).argmax(1) for p in range(8)]
+    assert all(torch.equal(a, b) for got in picks.values() for a, b in zip(got, picks[sampler.NOISE_BLOCK]))
+    assert torch.equal(picks[300][5], (scores + int64(keys, 5, 50)).argmax(1))
+
+
+FILTERS = [  # each flag alone, then all of them with a temperature and top-p (TRL's order: transformers')
+    {"top_k": 5},
+    {"min_p": 0.3},
+    {"repetition_penalty": 1.8},
+    {"repetition_penalty": 0.6},
+    {"temperature": 0.7, "top_k": 12, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.3},
+]
+
+
+def transformers_processors(given: dict, padding: torch.Tensor):
+    """The logits processors transformers' generate runs for TRL's GRPOConfig with these settings (generation/utils.py:
+    the repetition penalty leaving out each row's left padding, then temperature, top-k, top-p, min-p)."""
+    from transformers import generation as g
+
+    processors = []
+    if given.get("repetition_penalty", 1.0) != 1.0:
+        processors.append(g.RepetitionPenaltyLogitsProcessor(given["repetition_penalty"], prompt_ignore_length=padding))
+    if given.get("temperature", 1.0) != 1.0:
+        processors.append(g.TemperatureLogitsWarper(given["temperature"]))
+    if given.get("top_k", 0):
+        processors.append(g.TopKLogitsWarper(given["top_k"]))
+    if given.get("top_p", 1.0) < 1.0:
+        processors.append(g.TopPLogitsWarper(given["top_p"]))
+    if given.get("min_p"):
+        processors.append(g.MinPLogitsWarper(given["min_p"]))
+    return g.LogitsProcessorList(processors)
+
+
+@pytest.mark.parametrize("given", FILTERS, ids=lambda d: ", ".join(f"{k} {v}" for k, v in d.items()))
+def test_each_sampling_flag_filters_as_its_transformers_processor(given):
+    """On random logits of left-padded rows, over three generated tokens: the scores sampled from are transformers'
+    processors' (the same tokens kept, the same values), the flag changes them, and the keyed noise samples their
+    softmax."""
+    generator = torch.Generator().manual_seed(0)
+    rows, vocabulary, width = 6, 40, 9
+    ids = torch.randint(0, vocabulary, (rows, width), generator=generator)
+    padding = torch.tensor([0, 3, 1, 0, 5, 2])
+    mask = (torch.arange(width)[None, :] >= padding[:, None]).long()
+    ids = ids.masked_fill(mask == 0, 7)  # the pad id, a token some rows also read
+    sampling, seen = Sampling(3, (0,), 7, **given), Seen(mask) if "repetition_penalty" in given else None
+    theirs = transformers_processors(given, padding)
+    for _ in range(3):
+        logits = 3 * torch.randn(rows, vocabulary, generator=generator)
+        ours = sampled_scores(logits, sampling, None if seen is None else seen(ids, vocabulary))
+        expected = theirs(ids, logits.clone())
+        assert torch.equal(ours, expected)
+        plain = logits / given.get("temperature", 1.0)
+        assert not torch.equal(ours, plain)  # the flag changed what is sampled
+        assert ((ours == float("-inf")) | (ours == plain)).all() or "repetition_penalty" in given  # filters drop
+        ids = torch.cat([ids, torch.randint(0, vocabulary, (rows, 1), generator=generator)], 1)  # the next token
+    keys, sampling = torch.arange(20_000), Sampling(1, (0,), 7, **given)
+    row = ids[:1, :width].expand(len(keys), -1)  # one row's prompt under 20,000 keys
+    logits = (3 * torch.randn(1, vocabulary, generator=generator)).expand(len(keys), -1)
+    picks = NoisyScores(keys, width, sampling, mask[:1].expand(len(keys), -1))(row, logits).argmax(1)
+    frequencies = torch.bincount(picks, minlength=vocabulary).double() / len(keys)
+    expected = transformers_processors(given, padding[:1])(ids[:1, :width], logits[:1].clone()).softmax(-1)[0].double()
+    assert (frequencies[expected == 0] == 0).all() and (frequencies - expected).abs().max() < 0.015
+
+
+def test_filtered_sampling_is_a_function_of_each_completions_key(folders, model, monkeypatch):
+    """With every flag on: one completion is the same generated alone, in a batch of 4 or of 8, with each prompt read
+    once (its cache shared) or per row; the repetition penalty reads each row's own prompt (no padding) also from
+    a shared cache; top-k 1 is greedy."""
+    from anytrain.tasks.causal_lm import sampler
+
+    prompts = prompts_of(folders, 4)  # of uneven lengths: the rows' left padding differs with the batch
+    doubled = [p for p in prompts for _ in range(2)]
+    keys = completion_keys(3, 0, 0, torch.arange(4), 2)
+    sampling = replace(settings(folders), temperature=0.8, top_k=20, min_p=0.02, repetition_penalty=1.5)
+    firsts, real = [], sampler.Seen.__call__
+
+    def recorded(self, input_ids, vocabulary):
+        out = real(self, input_ids, vocabulary)
+        if input_ids.shape[1] == len(self.prompt_mask[0]):  # a generate call's first token: the prompts alone
+            firsts.append(out.clone())
+        return out
+
+    monkeypatch.setattr(sampler.Seen, "__call__", recorded)
+    shared = generate(model, doubled, keys, sampling, shared=prompt_cache(model)).completion_ids()
+    assert [set(row.nonzero()[:, 0].tolist()) for row in firsts[0]] == [set(p) for p in doubled]
+    for chunk, cache in ((0, None), (4, None), (1, None), (4, prompt_cache(model))):
+        assert generate(model, doubled, keys, sampling, chunk, cache).completion_ids() == shared, (chunk, cache)
+    assert generate(model, doubled, keys, settings(folders)).completion_ids() != shared  # the flags sample otherwise
+    greedy = generate(model, doubled, None, settings(folders)).completion_ids()
+    assert generate(model, doubled, keys, replace(settings(folders), top_k=1)).completion_ids() == greedy
 
 
 def test_a_completion_ends_at_its_first_stop_and_the_rest_is_padding():
@@ -354,6 +464,9 @@ def test_bad_input_is_one_line_each(folders, capsys, tmp_path):
         ([*base, "--reward", str(tmp_path / "gone.py:f")], f"--reward {tmp_path / 'gone.py:f'}: file not found"),
         ([*base, "--reward", "answer", "--num-generations", "1"], "--num-generations must be in [2, inf), got 1"),
         ([*base, "--reward", "answer", "format:("], "--reward format:(: not a regular expression"),
+        ([*base, "--reward", "answer", "--top-k", "-1"], "--top-k must not be negative, got -1"),
+        ([*base, "--reward", "answer", "--min-p", "1.5"], "--min-p must be in [0, 1], got 1.5"),
+        ([*base, "--reward", "answer", "--repetition-penalty", "0"], "--repetition-penalty must be positive, got 0.0"),
         (
             [*base, "--reward", "answer", "--reward-weights", "1", "2"],
             "--reward-weights: 2 weights for 1 reward functions",
@@ -421,6 +534,7 @@ def test_evaluation_says_the_rewards_and_no_loss(learnt):
     the first: no loss breaks the tie)."""
     summary, run, printed = learnt
     assert "prompts: each distinct prompt read once per group (checked on the model" in printed  # --share-prompts
+    assert "anytrain: tools:" not in printed  # no tools: no limit to say
     metrics = read_metrics(run)
     evals = [m for m in metrics if m["kind"] == "eval"]
     assert [(m["split"], m["step"]) for m in evals] == [("validation", 9), ("validation", 16), ("test", 16)]

@@ -9,6 +9,8 @@ first turns are scripted (tests/tooldata.py), every later turn is the model's.""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import time
 
@@ -227,17 +229,18 @@ def test_a_call_past_max_tool_calls_or_without_room_ends_the_completion_unanswer
 
 @pytest.fixture(scope="module")
 def tool_run(folders, tmp_path_factory):
-    """One step with --tools (the first turns scripted): its summary, what was scripted, its folder."""
-    run = tmp_path_factory.mktemp("tool_run") / "run"
-    with pytest.MonkeyPatch.context() as monkeypatch:
+    """One step with --tools (the first turns scripted): its summary, what was scripted, its folder, what it printed."""
+    run, printed = tmp_path_factory.mktemp("tool_run") / "run", io.StringIO()
+    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stdout(printed):
         seen = scripted(monkeypatch, transformers.AutoTokenizer.from_pretrained(folders["model"]))
         rewards = f"{folders['rewards']}:answered"
         summary = in_process(run, *flags(folders, "--tools", f"{folders['tools']}:add", "--reward", rewards))
-    return summary, seen, run
+    return summary, seen, run, printed.getvalue()
 
 
 def test_a_run_with_tools_answers_counts_and_rewards_the_conversations(tool_run):
-    summary, seen, run = tool_run
+    summary, seen, run, printed = tool_run
+    assert "anytrain: tools: at most 10 calls per completion (--max-tool-calls; TRL: no limit)\n" in printed
     step = [s["kind"] for s in seen[10:20]]  # after the start-up check's rollout (10 completions, forgotten)
     calls = sum(k in ("right", "bad argument", "unknown") for k in step)
     assert 0 < calls < len(step) and len(set(step)) >= 3
@@ -257,7 +260,7 @@ def test_a_run_with_tools_answers_counts_and_rewards_the_conversations(tool_run)
 
 
 def test_accumulated_micro_batches_equal_one_batch_with_tools(folders, tool_run, tmp_path, monkeypatch):
-    summary, _, run = tool_run
+    summary, _, run, _ = tool_run
     scripted(monkeypatch, transformers.AutoTokenizer.from_pretrained(folders["model"]))
     more = ["--tools", f"{folders['tools']}:add", "--reward", f"{folders['rewards']}:answered"]
     accumulated = in_process(tmp_path / "run", *flags(folders, *more, "--grad-accum-steps", "2"))

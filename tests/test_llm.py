@@ -183,7 +183,10 @@ def test_bad_lora_options_are_one_line_and_write_nothing(folders, tmp_path, caps
     )
     classify = ["--model", f"hf:{folders['gpt2']}", "--dataset", str(folders["data"]), "--text-column", "text"]
     err = run_cli_error(capsys, [*classify, "--label-column", "label", "--lora-r", "8", *out])
-    said = "--lora-r: --task classify does not train LoRA adapters (tasks that do: lm, kto, sft, dpo, reward, grpo, distill)"
+    said = (
+        "--lora-r: --task classify does not train LoRA adapters (tasks that do: lm, kto, sft, dpo, reward, grpo, "
+        "distill)"
+    )
     assert said in err
     assert not (tmp_path / "run").exists()
 

@@ -151,6 +151,7 @@ ON_PURPOSE = {  # where putting a folder on sys.path is the point
     "examples/sft_then_dpo.py",  # the --tiny studies build the tests' models (tests/hfmodels.py)
     "examples/sft_then_grpo.py",
     "examples/tool_use.py",
+    "examples/distill_sums.py",
 }
 
 

@@ -11,7 +11,9 @@ here, independently:
 - advantages: A = r - nanmean of its group, divided by nanstd (Bessel) + 1e-4 of the group (--scale-rewards group),
   of the step's rewards (batch), or not at all (none); NaN (unscorable) becomes 0;
 - log-probabilities (GRPOTrainer._get_per_token_logps_and_entropies): log_softmax(logits / temperature) of each
-  completion token, the prompt and completion alone and unpadded, the model in float64;
+  completion token, the prompt and completion alone and unpadded, the model in float64; --top-k, --min-p and
+  --repetition-penalty shape the sampling alone, not these (the "sampling flags" case: its control, the filtered
+  distribution's log-probabilities, is far off);
 - the loss (GRPOTrainer._compute_loss, num_iterations 1: old = logp, detached): coef_1 = exp(logp - old) per token,
   or per completion exp(mean over its tokens) (--importance sequence) or exp(their sum) (sequence_sum: anytrain's,
   RLOOTrainer's ratio); per token
@@ -147,6 +149,7 @@ def flags(folders, c: dict) -> list[str]:
         "--temperature", str(c["temperature"]), "--epsilon", str(EPS), "--seed", "5", *sgd_flags(steps=c["steps"]),
         *([] if c["defaults"] else objective), *(["--advantage", "rloo"] if c["advantage"] == "rloo" else []),
         *(["--normalize-advantages"] if c["normalize"] else []), *([] if c["share"] else ["--no-share-prompts"]),
+        *c.get("sampling", []),
     ]  # fmt: skip
 
 
@@ -284,7 +287,10 @@ def grpo_loss(model, reference, pieces, adv: torch.Tensor, c: dict) -> torch.Ten
     sequence_sum (anytrain's, after RLOOTrainer): exp of the completion's summed log-ratio."""
     losses, counts = [], []
     for (prompt, completion), a in zip(pieces, adv):
-        logp = token_logps(model, prompt + completion, c["temperature"])[len(prompt) - 1 :]
+        if c.get("filtered"):  # the sampling case's control: the filtered distribution's, which TRL does not train on
+            logp = filtered_logps(model, prompt, completion, c["temperature"])
+        else:
+            logp = token_logps(model, prompt + completion, c["temperature"])[len(prompt) - 1 :]
         log_w = logp - logp.detach()
         level = {"token": log_w, "sequence": log_w.mean(), "sequence_sum": log_w.sum()}
         coef_1 = level[c["importance"]].exp()
@@ -302,9 +308,27 @@ def grpo_loss(model, reference, pieces, adv: torch.Tensor, c: dict) -> torch.Ten
     return total / (sum(counts) if c["loss"] == "dapo" else len(pieces) * NEW)
 
 
+def filtered_logps(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    """The completion's log-probabilities under the distribution the sampling case samples from: transformers'
+    processors for its flags (the repetition penalty over the prompt and the completion so far, the temperature,
+    top-k, min-p) on each position's logits, then log_softmax."""
+    from transformers import generation as g
+
+    ids = torch.tensor([prompt + completion])
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1]
+    processors = g.LogitsProcessorList([g.RepetitionPenaltyLogitsProcessor(PENALTY), g.TemperatureLogitsWarper(
+        temperature), g.TopKLogitsWarper(TOP_K), g.MinPLogitsWarper(MIN_P)])  # fmt: skip
+    scores = torch.cat([processors(ids[:, : len(prompt) + t], logits[t : t + 1]) for t in range(len(completion))])
+    return scores.log_softmax(-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
 # --------------------------------------------------------------------------- the cases
 
 
+# --top-k, --min-p, --repetition-penalty shape what is sampled, not the log-probabilities: TRL's are those of
+# log_softmax(logits / temperature), unfiltered (its _get_per_token_logps_and_entropies), as this file's formula
+TOP_K, MIN_P, PENALTY = 8, 0.05, 1.3
+SAMPLING = ["--top-k", str(TOP_K), "--min-p", str(MIN_P), "--repetition-penalty", str(PENALTY)]
 UNSCORABLE = {"odd_none": 1.0, "second_none": 0.5}  # every function None for the second of each 4 completions
 CASES = [
     pytest.param(case(), id="dapo"),
@@ -319,6 +343,7 @@ CASES = [
     pytest.param(case(rewards={"odd_none": 1.0, "quarter_none": 0.5}), id="None for some"),
     pytest.param(case(rewards={"odd_none": 1.0, "second_none": 0.5}), id="None from every function for some"),
     pytest.param(case(temperature=0.7), id="temperature 0.7"),
+    pytest.param(case(temperature=0.7, sampling=SAMPLING, control={"filtered": True}), id="sampling flags"),
     pytest.param(case(steps=2), id="second step"),  # the control of the KL cases' second-step check
     pytest.param(case(beta=0.1, steps=2), id="kl second step"),
     pytest.param(case(beta=0.1, steps=2, importance="sequence"), id="kl second step sequence"),

@@ -5,7 +5,9 @@ preference pairs the reward model reads too. Not a task: nothing here is registe
     tokens.py      NextTokenLoss: the next-token loss and evaluation (hf:lm, sft)
     head.py        CausalLMHead, the module the loop trains: the fused loss and the per-token log-probabilities
     logprobs.py    per-token and per-sequence log-probabilities at a temperature; a group's prompt read once
-    generation.py  generate: a complete sampling config, reproducible keyed sampling, the stop ids
+    generation.py  generate: a complete sampling config, the stop ids, a group's prompt read once
+    sampler.py     keyed sampling: TRL's filters (repetition penalty, temperature, top-k, top-p, min-p), the noise
+    rollout_options.py  the rollout engine's options, which grpo's and distill's inherit
     answers.py     evaluation's generated answers (exact match) and `anytrain sample`'s reply
     prompts.py     chat messages checked and rendered by the template
     chats.py       sft's chats and instructions, rendered and tokenised, the answers' tokens learned

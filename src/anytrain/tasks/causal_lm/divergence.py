@@ -42,20 +42,34 @@ from .head import SCALED_LOGITS, CausalLMHead, HeadRequest, cast_logits, chunk_t
 RESCALED = tuple(dict.fromkeys((*SCALED_LOGITS, "output_multiplier", "lm_head_multiplier")))
 
 
+def divergence_of(log_s: torch.Tensor, log_t: torch.Tensor, beta: float) -> torch.Tensor:
+    """The divergence per row of the student's and the teacher's (n, V) log-probabilities (module docstring)."""
+    if beta == 0:
+        return (log_t.exp() * (log_t - log_s)).sum(-1)
+    if beta == 1:
+        return (log_s.exp() * (log_s - log_t)).sum(-1)
+    log_m = torch.logaddexp(log_s + math.log1p(-beta), log_t + math.log(beta))
+    kl_teacher, kl_student = (log_t.exp() * (log_t - log_m)).sum(-1), (log_s.exp() * (log_s - log_m)).sum(-1)
+    return beta * kl_teacher + (1 - beta) * kl_student
+
+
+@torch.no_grad()
+def entropy_of(log_s: torch.Tensor) -> torch.Tensor:
+    """The student's entropy per row of its (n, V) log-probabilities, without gradient (nothing kept for backward)."""
+    return -(log_s.exp() * log_s).sum(-1)
+
+
 def token_divergence(student: torch.Tensor, teacher: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(divergence, student entropy) per row of (n, V) float32 logits already divided by the temperature (module
-    docstring); the entropy detached."""
-    log_s, log_t = student.log_softmax(-1), teacher.log_softmax(-1)
-    if beta == 0:
-        divergence = (log_t.exp() * (log_t - log_s)).sum(-1)
-    elif beta == 1:
-        divergence = (log_s.exp() * (log_s - log_t)).sum(-1)
-    else:
-        log_m = torch.logaddexp(log_s + math.log1p(-beta), log_t + math.log(beta))
-        kl_teacher, kl_student = (log_t.exp() * (log_t - log_m)).sum(-1), (log_s.exp() * (log_s - log_m)).sum(-1)
-        divergence = beta * kl_teacher + (1 - beta) * kl_student
-    entropy = -(log_s.exp() * log_s).sum(-1)
-    return divergence, entropy.detach()
+    docstring); the entropy without gradient."""
+    log_s = student.log_softmax(-1)
+    return divergence_of(log_s, teacher.log_softmax(-1), beta), entropy_of(log_s)
+
+
+def log_probs(hidden, weight, bias, dtype: torch.dtype, temperature: float) -> torch.Tensor:
+    """A chunk's (n, V) float32 log-probabilities at the temperature, from hidden states and an output layer (the
+    logits and their tempered copy freed as soon as they are read)."""
+    return (cast_logits(hidden, weight, bias, dtype) / temperature).log_softmax(-1)
 
 
 def projection_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -77,9 +91,10 @@ class ChunkedDivergence(torch.autograd.Function):
         entropy = torch.zeros_like(divergence)
         for start in range(0, hidden.shape[0], chunk):
             part = slice(start, start + chunk)
-            student = cast_logits(hidden[part], weight, bias, ctx.dtypes[0]) / temperature
-            teacher = cast_logits(t_hidden[part], t_weight, t_bias, ctx.dtypes[1]) / temperature
-            divergence[part], entropy[part] = token_divergence(student, teacher, beta)
+            log_s = log_probs(hidden[part], weight, bias, ctx.dtypes[0], temperature)
+            log_t = log_probs(t_hidden[part], t_weight, t_bias, ctx.dtypes[1], temperature)
+            divergence[part], entropy[part] = divergence_of(log_s, log_t, beta), entropy_of(log_s)
+            del log_s, log_t
         ctx.save_for_backward(hidden, weight, bias, t_hidden, t_weight, t_bias)
         ctx.mark_non_differentiable(entropy)
         return divergence, entropy
@@ -94,15 +109,16 @@ class ChunkedDivergence(torch.autograd.Function):
         for start in range(0, hidden.shape[0], ctx.chunk):
             part = slice(start, start + ctx.chunk)
             h = hidden[part]
-            teacher = cast_logits(t_hidden[part], t_weight, t_bias, t_dtype) / temperature
-            with torch.enable_grad():
+            log_t = log_probs(t_hidden[part], t_weight, t_bias, t_dtype, temperature)
+            with torch.enable_grad():  # the divergence alone (no entropy), its gradient by autograd on this chunk
                 logits = cast_logits(h, weight, bias, dtype).requires_grad_()
-                divergence, _ = token_divergence(logits / temperature, teacher, ctx.beta)
+                divergence = divergence_of((logits / temperature).log_softmax(-1), log_t, ctx.beta)
                 (g,) = torch.autograd.grad(divergence, logits, grad_divergence[part])
+            del log_t, logits, divergence
             if grad_hidden is not None:
                 grad_hidden[part] = (g.to(dtype) @ weight.to(dtype)).to(hidden.dtype)
             if grad_weight is not None:
-                grad_weight += g.T @ h.float()
+                grad_weight.addmm_(g.T, h.float())  # in place: no (V, H) temporary per chunk
             if grad_bias is not None:
                 grad_bias += g.sum(0)
         grads = (grad_hidden, grad_weight, grad_bias)

@@ -1,19 +1,14 @@
-"""Generation for a transformers causal LM, the one way every causal-LM task generates (grpo's rollouts, sft's and
-dpo's evaluation answers, `anytrain sample`): prompts padded on the left, each token's position from the mask (as
-the log-probabilities take them), the key-value cache on, evaluation mode, no gradients, stopping at any of the stop
-ids (`stop_ids`: the tokenizer's end of text, the model's generation config's end ids, a chat template's end of
-turn) or after `max_new_tokens`. A prompt that follows itself (grpo's group) may be read once (`shared`:
+"""Generation for a transformers causal LM, the one way every causal-LM task generates (grpo's and distill's rollouts,
+sft's and dpo's evaluation answers, `anytrain sample`): prompts padded on the left, each token's position from the
+mask (as the log-probabilities take them), the key-value cache on, evaluation mode, no gradients, stopping at any of
+the stop ids (`stop_ids`: the tokenizer's end of text, the model's generation config's end ids, a chat template's end
+of turn) or after `max_new_tokens`. A prompt that follows itself (grpo's group) may be read once (`shared`:
 `prompt_kv`, the cache of its tokens but the last, repeated to its rows).
 
 The sampling config is complete: the model's own generation config (a repetition penalty, no_repeat_ngram_size,
-top_k in its generation_config.json) changes nothing, so what is sampled is softmax(logits / temperature) within the
-top-k and the nucleus, the very distribution grpo's log-probabilities are taken under.
-
-Sampling is reproducible by construction: generate picks, at each step, the most likely token after Gumbel noise is
-added to the tempered, filtered scores (the Gumbel-max trick: a sample from the softmax), and the noise of a
-completion's token is a hash of (the completion's key, its position, the token), not a draw from a generator. A
-completion is therefore the same whichever process, batch or resumed run samples it: 1 rank equals 2, gradient
-accumulation equals one big batch, and a killed run resumes bit for bit. Without keys, generation is greedy.
+top_k in its generation_config.json) changes nothing; what is sampled is what `Sampling` says, keyed (sampler.py: the
+same completion whichever process, batch or resumed run samples it). Without keys, generation is greedy: the model's
+most likely token, no filter nor penalty.
 """
 
 from __future__ import annotations
@@ -27,76 +22,8 @@ import torch
 from torch import nn
 
 from ...config import ConfigError
-
-MASK32 = 0xFFFFFFFF
-
-
-def mul32(x: torch.Tensor, m: int) -> torch.Tensor:
-    """(x * m) mod 2**32 for int64 x in [0, 2**32), in int64 without overflow (m split into 16-bit halves)."""
-    low, high = m & 0xFFFF, m >> 16
-    return (x * low + (((x * high) & 0xFFFF) << 16)) & MASK32
-
-
-def mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (murmur3's finaliser) of int64 values in [0, 2**32)."""
-    x = x ^ (x >> 16)
-    x = mul32(x, 0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = mul32(x, 0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-def completion_keys(seed: int, split: int, epoch: int, rows: torch.Tensor, generations: int) -> torch.Tensor:
-    """One key per completion, (rows x generations), in [0, 2**32): a function of the run's seed, the split, the
-    epoch, the prompt's row and which of its completions."""
-    k = torch.arange(generations, dtype=torch.int64)
-    x = mix32(torch.full_like(rows, (seed * 7919 + split * 104729) & MASK32) ^ (rows.long() & MASK32))
-    x = mix32(x ^ (epoch & MASK32))
-    return mix32(x.repeat_interleave(generations) ^ k.repeat(len(rows)))
-
-
-def gumbel(keys: torch.Tensor, position: int, vocabulary: int) -> torch.Tensor:
-    """(len(keys), vocabulary) float32 Gumbel noise, a function of each key, the position and the token id."""
-    tokens = torch.arange(vocabulary, dtype=torch.int64, device=keys.device)
-    x = mix32(mix32(keys[:, None] ^ (position & MASK32)) ^ tokens[None, :])
-    x = mix32(x ^ 0x9E3779B9)
-    uniform = (x.double() + 0.5) / 2.0**32  # in (0, 1)
-    return (-torch.log(-torch.log(uniform))).float()
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """What a generate call samples: up to `max_new_tokens`, from softmax(logits / temperature) within the `top_k`
-    most likely tokens (0: all) and the nucleus of probability `top_p`, stopping at any of `stops`; `pad` fills the
-    rows."""
-
-    max_new_tokens: int
-    stops: tuple[int, ...]
-    pad: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-
-class NoisyScores:
-    """The logits processor of the generate call: temperature, top-k, top-p, then each row's Gumbel noise."""
-
-    def __init__(self, keys: torch.Tensor, start: int, sampling: Sampling):
-        self.keys, self.start = keys, start
-        self.temperature, self.top_p, self.top_k = sampling.temperature, sampling.top_p, sampling.top_k
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scores = scores.float() / self.temperature
-        if 0 < self.top_k < scores.shape[-1]:
-            kth = scores.topk(self.top_k, -1).values[:, -1:]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        if self.top_p < 1.0:
-            ordered, order = scores.sort(-1, descending=True)
-            before = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1)  # probability of the tokens before each
-            drop = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, order, before >= self.top_p)
-            scores = scores.masked_fill(drop, float("-inf"))
-        noise = gumbel(self.keys.to(scores.device), input_ids.shape[1] - self.start, scores.shape[-1])
-        return scores + noise
+from .sampler import NoisyScores, Sampling
+from .sampler import completion_keys as completion_keys  # re-exported: the tasks' keys
 
 
 @dataclass
@@ -297,7 +224,7 @@ def generate(
     ids, mask = left_padded(prompts, sampling.pad)
     device = next(model.parameters()).device
     width, was_training = ids.shape[1], model.training
-    processors = [] if keys is None else [NoisyScores(keys, width, sampling)]
+    processors = [] if keys is None else [NoisyScores(keys, width, sampling, mask.to(device))]
     config = GenerationConfig(
         max_new_tokens=sampling.max_new_tokens, do_sample=False, eos_token_id=list(sampling.stops),
         pad_token_id=sampling.pad, use_cache=True,

@@ -5,8 +5,9 @@ tools or an environment, as conversations of turns (turns.py), each group's prom
 prompts, sized to the room the model's positions leave after --max-new-tokens, and checks that the chat template
 shows the tools and parses their calls.
 
-It reads these of the task's options: max_new_tokens, temperature, top_p, tools, environment, max_tool_calls,
-tool_timeout, generate_batch."""
+It reads these of the task's options: those of RolloutOptions (rollout_options.py: top_p, top_k, min_p,
+repetition_penalty, tools, max_tool_calls, tool_timeout, generate_batch), and max_new_tokens, temperature and
+environment, which each task declares as its own."""
 
 from __future__ import annotations
 
@@ -63,6 +64,17 @@ class Rollouts:
                                self.o.generate_batch)  # fmt: skip
         return source, chats
 
+    def limits(self) -> str | None:
+        """The start-up line of a run with tools or an environment (None without): the calls a completion may make,
+        where TRL sets no limit by default."""
+        if self.kit is None:
+            return None
+        calls = self.kit.max_calls
+        return (
+            f"anytrain: tools: at most {calls} call{'s' * (calls != 1)} per completion (--max-tool-calls; TRL: no "
+            "limit)"
+        )
+
     def prompt_room(self, positions: int) -> tuple[int, str]:
         """The most tokens a prompt may have, and why: the model's positions less --max-new-tokens, or --max-length
         where it is given and smaller."""
@@ -86,7 +98,8 @@ class Rollouts:
 
     def sampling(self) -> Sampling:
         o = self.o
-        return Sampling(o.max_new_tokens, tuple(self.stops), self.tokenizer.pad_token_id, o.temperature, o.top_p)
+        return Sampling(o.max_new_tokens, tuple(self.stops), self.tokenizer.pad_token_id, o.temperature, o.top_p,
+                        o.top_k, o.min_p, o.repetition_penalty)  # fmt: skip
 
     def probe_tools(self) -> list[Callable]:
         """Every completion's tools: --tools, then the environment's methods (of an instance made to read them)."""

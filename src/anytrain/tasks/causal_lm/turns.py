@@ -5,7 +5,7 @@ appended as tokens, never re-tokenising what came before; the model goes on from
 its --max-new-tokens of its own tokens, the model's positions, or a turn that calls once --max-tool-calls are made.
 
 The completion is every token after the prompt; only the model's own are trained on (`Completions.completion`), the
-tools' are read but never learned nor counted. Each turn's sampling is keyed (tasks/causal_lm/generation.py): the
+tools' are read but never learned nor counted. Each turn's sampling is keyed (tasks/causal_lm/sampler.py): the
 first turn by the completion's key, as without tools, each later one by a key of (that key, the turn), so a
 completion is the same on any rank, batch or resumed run as long as its tools answer the same.
 """
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from .generation import MASK32, Completions, PromptCache, Sampling, fitting, generate, mix32, positions_of
+from .generation import Completions, PromptCache, Sampling, fitting, generate, positions_of
+from .sampler import MASK32, mix32
 from .tools import parse_turn, run_call, tool_suffix
 
 

@@ -1,16 +1,20 @@
 """distill's own options: a section of the config (`distill:` in YAML), flags in --help, part of the resume check.
-Registered with the registry line (tasks/__init__.py); this module imports no torch. The sampling and tool options
-share grpo's names (one flag sets both sections; each keeps its own default and help: config/schema.py, ALSO)."""
+Registered with the registry line (tasks/__init__.py); this module imports no torch. The rollout's sampling and tool
+options are the rollout engine's (tasks/causal_lm/rollout_options.py: inherited, they come first in the section),
+grpo's too; --temperature, --max-new-tokens, --environment and --share-prompts share grpo's names with a default
+or a meaning of their own here (one flag sets both sections; each keeps its own default and help: config/schema.py,
+ALSO)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...config import POSITIVE, option
+from ..causal_lm.rollout_options import RolloutOptions
 
 
 @dataclass(frozen=True)
-class DistillOptions:
+class DistillOptions(RolloutOptions):
     teacher: str = option(
         "",
         "distill: the teacher, hf:FOLDER (a transformers causal LM with the student's tokenizer and vocabulary); "
@@ -34,41 +38,15 @@ class DistillOptions:
     max_new_tokens: int = option(
         128, "distill: the longest completion, in tokens (TRL's max_completion_length)", bounds=POSITIVE
     )
-    top_p: float = option(
-        1.0, "distill: nucleus sampling: the smallest set of tokens of this probability", bounds="(0, 1]"
-    )
-    tools: list[str] = option(
-        [],
-        "distill: tools the student may call in its completions, each FILE.py:function or module:function, or "
-        "FILE.py (its public functions), as grpo's --tools: run, answered in a tool message, and the student goes "
-        "on; the tools' tokens are read by both models but never trained on. Chat prompts only; repeatable",
-        repeatable=True,
-    )
     environment: str = option(
         "",
         "distill: FILE.py:Class or module:Class, TRL's environment_factory: one instance per completion, "
         "reset(**row) with the prompt's row, its public methods the completion's tools (its get_reward, if any, "
         "is not used: distillation has no reward)",
     )
-    max_tool_calls: int = option(
-        10,
-        "distill: the tool calls a completion may make: a turn that calls once they are made ends it, unanswered "
-        "(TRL's max_tool_calling_iterations counts turns)",
-        bounds=POSITIVE,
-    )
-    tool_timeout: float = option(
-        10.0, "distill: seconds a tool call may take; then the model is answered that it timed out", bounds=POSITIVE
-    )
     share_prompts: bool = option(
         True,
         "distill: where consecutive completions share a prompt (a prompt repeated in the data), generate and the "
         "student's pass read it once (its key-value cache repeated), checked on the model at the start as grpo's; "
         "--no-share-prompts: every row whole. The teacher always reads every row whole",
-    )
-    generate_batch: int = option(
-        0,
-        "distill: completions generated together; 0: as many as fit in half the free memory, a process's whole "
-        "step at once where it fits; fewer bound generation's memory at some cost in speed; the completions are "
-        "the same",
-        bounds="[0, inf)",
     )

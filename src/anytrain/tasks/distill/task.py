@@ -139,6 +139,8 @@ class OnPolicyDistillation(CausalLM):
         dtype = next(ctx.model.parameters()).dtype
         self.teacher = teacher_on(self.teacher, ctx.accelerator.device, dtype)
         ctx.accelerator.print(f"anytrain: distill: {self.described()}; prompts: {self.sharing(ctx)}")
+        if limits := self.engine.limits():
+            ctx.accelerator.print(limits)
         self.figures.start()
         self.table.start(ctx.run_dir, ctx.accelerator.is_main_process)
 

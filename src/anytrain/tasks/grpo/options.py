@@ -1,11 +1,14 @@
 """grpo's own options: a section of the config (`grpo:` in YAML), flags in --help, part of the resume check.
-Registered with the registry line (tasks/__init__.py); this module imports no torch."""
+Registered with the registry line (tasks/__init__.py); this module imports no torch. The rollout's sampling and tool
+options are the rollout engine's, shared with distill (tasks/causal_lm/rollout_options.py: inherited, they come
+first in the section)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ...config import POSITIVE, option
+from ..causal_lm.rollout_options import RolloutOptions
 
 NORMALISATIONS = ("dapo", "grpo", "dr_grpo")  # tasks/grpo/loss.py
 SCALES = ("group", "batch", "none")
@@ -17,7 +20,7 @@ RLOO_DEFAULTS = {"importance": "sequence_sum", "grpo_loss": "grpo", "scale_rewar
 
 
 @dataclass(frozen=True)
-class GRPOOptions:
+class GRPOOptions(RolloutOptions):
     reward: list[str] = option(
         [],
         "grpo: the reward functions, each FILE.py:function or module:function with TRL's signature "
@@ -34,9 +37,6 @@ class GRPOOptions:
     num_generations: int = option(8, "grpo: completions sampled per prompt (a group: G)", bounds="[2, inf)")
     max_new_tokens: int = option(64, "grpo: the longest completion, in tokens", bounds=POSITIVE)
     temperature: float = option(1.0, "grpo: the sampling temperature", bounds=POSITIVE)
-    top_p: float = option(
-        1.0, "grpo: nucleus sampling: the smallest set of tokens of this probability", bounds="(0, 1]"
-    )
     epsilon: float = option(0.2, "grpo: the importance ratio is clipped to [1 - epsilon, 1 + epsilon]", bounds=POSITIVE)
     epsilon_high: float = option(
         0.0, "grpo: the upper clip, 1 + epsilon_high (DAPO's clip-higher); 0 = --epsilon", bounds="[0, inf)"
@@ -96,29 +96,11 @@ class GRPOOptions:
         1, "grpo: optimizer steps on each rollout (TRL's num_iterations, mu)", bounds=POSITIVE
     )
     mask_truncated: bool = option(False, "grpo: completions cut at --max-new-tokens count for nothing in the loss")
-    tools: list[str] = option(
-        [],
-        "grpo: tools the model may call in its completions, each FILE.py:function or module:function, or FILE.py "
-        "(its public functions): plain functions with type hints and a docstring (transformers' get_json_schema), "
-        "shown to the model by its chat template; its calls are parsed by transformers' response parsing "
-        "(the tokenizer's response_template), run, and answered in a tool message, and the model goes on; the tools' "
-        "tokens are not trained on. Chat prompts only; repeatable",
-        repeatable=True,
-    )
     environment: str = option(
         "",
         "grpo: FILE.py:Class or module:Class, TRL's environment_factory: one instance per completion, reset(**row) "
         "with the prompt's row (a text it returns is added to the last user message), its public methods the "
         "completion's tools, its get_reward() (if any) a reward function named after the class, weight 1",
-    )
-    max_tool_calls: int = option(
-        10,
-        "grpo: the tool calls a completion may make: a turn that calls once they are made ends it, unanswered "
-        "(TRL's max_tool_calling_iterations counts turns)",
-        bounds=POSITIVE,
-    )
-    tool_timeout: float = option(
-        10.0, "grpo: seconds a tool call may take; then the model is answered that it timed out", bounds=POSITIVE
     )
     share_prompts: bool = option(
         True,
@@ -126,11 +108,4 @@ class GRPOOptions:
         "key-value cache repeated to the group's completions), not once per completion: the same values to float "
         "rounding, checked on the model at the start (where the model cannot, or with gradient checkpointing, every "
         "row is read whole, as TRL does); --no-share-prompts: always every row whole",
-    )
-    generate_batch: int = option(
-        0,
-        "grpo: completions generated together; 0: as many as fit in half the free memory (the GPU's, or the CPU's "
-        "available memory) by the model's key-value cache and a step's scores, a process's whole rollout at once "
-        "where it fits; fewer bound generation's memory at some cost in speed; the completions are the same",
-        bounds="[0, inf)",
     )

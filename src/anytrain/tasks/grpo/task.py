@@ -160,6 +160,8 @@ class GroupRelative(CausalLM):
             f"ratio per {self.o.importance}, KL weight {self.o.kl_beta:g}"
             f"{' (in the reward)' * (self.o.advantage == 'rloo')}; rewards: {names}; prompts: {shared}"
         )
+        if limits := self.engine.limits():
+            ctx.accelerator.print(limits)
         self.figures.start()
         self.table.start(ctx.run_dir, ctx.accelerator.is_main_process)
 
