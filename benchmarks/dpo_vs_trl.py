@@ -8,13 +8,12 @@ memory, real tokens/s (anytrain), and the held-out reward accuracy and DPO loss 
 Bradley-Terry loss) scored by one function for every trainer's saved model. Part of `make bench`'s peers section
 when trl is installed (`make install-peers`); alone: `python benchmarks/dpo_vs_trl.py --rounds 3`."""
 
-import statistics
 from functools import partial
 from pathlib import Path
 
 import toolkit
 from peers import dpo_job
-from toolkit import Runner, spread
+from toolkit import Runner
 
 UNEVEN = ["--max-length", str(dpo_job.UNEVEN_LENGTH), "--max-steps", str(dpo_job.UNEVEN_STEPS)]
 VARIANTS = [  # (name, trainer, kind, extra options: anytrain's flags or trl_dpo_job.py's)
@@ -41,11 +40,7 @@ KINDS = {name: kind for name, _, kind, _ in VARIANTS}
 
 def anytrain_run(runner: Runner, seed: int, name: str, kind: str, extra: list[str], data: Path, model: Path) -> dict:
     options = [*dpo_job.anytrain_options(kind, seed), *extra]
-    rec, d, _, s = toolkit.anytrain_peer(runner, "dpo", name, data / "train", model, options)
-    if "error" not in rec:
-        rec.update(tokens_per_s=s["tokens_per_s"], start_to_first_step_s=s["start_to_first_step_s"])
-        rec.update(model=str(d / "hf"))
-    return rec
+    return toolkit.anytrain_saved(runner, "dpo", name, data / "train", model, options)[0]
 
 
 def trl_run(runner: Runner, seed: int, name: str, kind: str, extra: list[str], data: Path, model: Path) -> dict:
@@ -74,39 +69,12 @@ def summarise(records: list[dict]) -> dict:
 
 def figures(name: str, ok: list[dict]) -> dict:
     loss = "reward_loss" if KINDS[name] == "reward" else "dpo_loss"
-    out = toolkit.peer_figures(ok, "loop_s")
-    out.update(reward_accuracy=spread([r["reward_accuracy"] for r in ok]), loss=spread([r[loss] for r in ok]))
-    out["loss_kind"] = loss
-    if "tokens_per_s" in ok[0]:
-        out["tokens_per_s"] = max(r["tokens_per_s"] for r in ok)  # the best run's, as the loop time's
-        out["tokens_per_s_median"] = statistics.median(r["tokens_per_s"] for r in ok)
-        out["start_to_first_step_s"] = statistics.median(r["start_to_first_step_s"] for r in ok)
-    return out
-
-
-def cells(row: dict) -> list[str]:
-    """A variant's cells of the table, after its name."""
-    (acc, acc_sd), (loss, loss_sd) = row["reward_accuracy"], row["loss"]
-    rate = f"{row['tokens_per_s']:,.0f}" if "tokens_per_s" in row else ""
-    times = [f"{row['loop_s']:.1f} s", f"{row['loop_s_median']:.1f} s", f"{row['peak_mib']:,.0f} MiB"]
-    scores = [f"{acc:.3f} ± {acc_sd:.3f}", f"{loss:.4f} ± {loss_sd:.4f}", rate]
-    return [*times, *scores, f"{row['trainable_parameters']:,}", f"{row['other_load_median']:.2f}"]
+    return {**toolkit.reward_figures(ok, loss), "loss_kind": loss}
 
 
 def table(rows: dict) -> str:
-    head = ["variant", "loop time (best)", "median", "peak RSS (median)", "held-out reward accuracy"]
-    head += ["held-out loss (DPO; reward: Bradley-Terry)", "real tokens/s (best)", "trainable", "others' load"]
-    out = toolkit.peer_table(head, rows, cells)
-    for what, a_name, t_name in PAIRS:
-        a, t = rows.get(a_name), rows.get(t_name)
-        if a and t:
-            sd = max(a["reward_accuracy"][1], t["reward_accuracy"][1])
-            out.append(
-                f"\n{what}: TRL / anytrain loop time {t['loop_s'] / a['loop_s']:.3f}, peak RSS "
-                f"{t['peak_mib'] / a['peak_mib']:.3f}; held-out reward accuracy anytrain - TRL "
-                f"{a['reward_accuracy'][0] - t['reward_accuracy'][0]:+.3f} (seed-to-seed sd {sd:.3f}), loss "
-                f"{a['loss'][0] - t['loss'][0]:+.4f} (sd {max(a['loss'][1], t['loss'][1]):.4f})"
-            )
+    head = [*toolkit.REWARD_HEAD, "held-out loss (DPO; reward: Bradley-Terry)", "real tokens/s (best)", "trainable"]
+    out = toolkit.peer_table([*head, "others' load"], rows, toolkit.reward_cells) + toolkit.reward_pairs(rows, PAIRS)
     padded, packed = rows.get("anytrain dpo padded, uneven pairs"), rows.get("anytrain dpo packed, uneven pairs")
     if padded and packed:
         ratio = packed["tokens_per_s"] / padded["tokens_per_s"]

@@ -110,11 +110,31 @@ def torch_peak(trace: Path) -> int:
     return max(totals, default=0)
 
 
-def worker(name: str, args) -> dict:
+def measure(call):
+    """call() once, the process's peak resident set reset just before it: (its result, {baseline_mib: the resident set
+    before it, peak_above_mib: VmHWM after it above that, torch_peak_mib: the profiler's peak "Total Allocated" over
+    it, seconds}). Linux only."""
     import gc
 
-    import torch
     from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()
+    with tempfile.TemporaryDirectory() as tmp:
+        before = status()["VmRSS"]
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux 4.0 on)
+        start = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = call()
+        seconds = time.perf_counter() - start
+        peak = status()["VmHWM"]
+        prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
+        allocated = torch_peak(Path(tmp) / "trace.json")
+    figures = {"baseline_mib": before / MIB, "peak_above_mib": (peak - before) / MIB, "torch_peak_mib": allocated / MIB}
+    return out, {**figures, "seconds": seconds}
+
+
+def worker(name: str, args) -> dict:
+    import torch
 
     from anytrain.tasks.causal_lm.head import head_of
     from anytrain.tasks.causal_lm.logprobs import bare, completion_logps
@@ -143,23 +163,12 @@ def worker(name: str, args) -> dict:
     rows = rollout.rows(slice(0, size[measured]))
     with torch.no_grad():
         logps(rollout.rows(slice(0, 1)))  # warm-up: kernels, thread pools
-    gc.collect()
-    with tempfile.TemporaryDirectory() as tmp:
-        before = status()["VmRSS"]
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux 4.0 on)
-        start = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            out = run(rows, size[per_call])
-        seconds = time.perf_counter() - start
-        peak = status()["VmHWM"]
-        prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
-        allocated = torch_peak(Path(tmp) / "trace.json")
+    out, figures = measure(lambda: run(rows, size[per_call]))
     grads = [p.grad.flatten() for p in model.parameters() if p.grad is not None]
     norm = torch.cat(grads).norm().item() if grads else None
     if args.save:
         torch.save({"logps": out, "completion": rows.completion}, args.save)
-    return {"variant": name, "baseline_mib": before / MIB, "peak_above_mib": (peak - before) / MIB,
-            "torch_peak_mib": allocated / MIB, "seconds": seconds, "grad_norm": norm}  # fmt: skip
+    return {"variant": name, **figures, "grad_norm": norm}
 
 
 # --------------------------------------------------------------------------- the comparison

@@ -8,13 +8,12 @@ evaluation), the process's peak resident memory, real tokens/s (anytrain), and t
 loss of the implicit rewards, scored by one function for every trainer's saved model. Needs trl and peft
 (`pip install -e ".[peers]"`): `python benchmarks/kto_vs_trl.py --rounds 3`."""
 
-import statistics
 from functools import partial
 from pathlib import Path
 
 import toolkit
 from peers import kto_job
-from toolkit import Runner, spread
+from toolkit import Runner
 
 TRL_LIKE = ["--kl-pairs", "trl", "--reference", "live"]  # TRL's KL pairs, its order of rows and its reference
 VARIANTS = [  # (name, trainer, kind, extra options: anytrain's flags or trl_kto_job.py's)
@@ -36,11 +35,7 @@ PAIRS = [  # (what, anytrain's variant, TRL's variant)
 
 def anytrain_run(runner: Runner, seed: int, name: str, kind: str, extra: list[str], data: Path, model: Path) -> dict:
     options = [*kto_job.anytrain_options(kind, seed), *extra]
-    rec, d, _, s = toolkit.anytrain_peer(runner, "kto", name, data / "train", model, options)
-    if "error" not in rec:
-        rec.update(tokens_per_s=s["tokens_per_s"], start_to_first_step_s=s["start_to_first_step_s"])
-        rec.update(model=str(d / "hf"))
-    return rec
+    return toolkit.anytrain_saved(runner, "kto", name, data / "train", model, options)[0]
 
 
 def trl_run(runner: Runner, seed: int, name: str, kind: str, extra: list[str], data: Path, model: Path) -> dict:
@@ -55,39 +50,13 @@ def variant(name: str, trainer: str, kind: str, extra: list[str], data: Path, mo
 
 
 def figures(name: str, ok: list[dict]) -> dict:
-    out = toolkit.peer_figures(ok, "loop_s")
-    out.update(reward_accuracy=spread([r["reward_accuracy"] for r in ok]), loss=spread([r["dpo_loss"] for r in ok]))
-    if "tokens_per_s" in ok[0]:
-        out["tokens_per_s"] = max(r["tokens_per_s"] for r in ok)  # the best run's, as the loop time's
-        out["tokens_per_s_median"] = statistics.median(r["tokens_per_s"] for r in ok)
-        out["start_to_first_step_s"] = statistics.median(r["start_to_first_step_s"] for r in ok)
-    return out
-
-
-def cells(row: dict) -> list[str]:
-    """A variant's cells of the table, after its name."""
-    (acc, acc_sd), (loss, loss_sd) = row["reward_accuracy"], row["loss"]
-    rate = f"{row['tokens_per_s']:,.0f}" if "tokens_per_s" in row else ""
-    times = [f"{row['loop_s']:.1f} s", f"{row['loop_s_median']:.1f} s", f"{row['peak_mib']:,.0f} MiB"]
-    scores = [f"{acc:.3f} ± {acc_sd:.3f}", f"{loss:.4f} ± {loss_sd:.4f}", rate]
-    return [*times, *scores, f"{row['trainable_parameters']:,}", f"{row['other_load_median']:.2f}"]
+    return toolkit.reward_figures(ok, "dpo_loss")
 
 
 def table(rows: dict) -> str:
-    head = ["variant", "loop time (best)", "median", "peak RSS (median)", "held-out reward accuracy"]
-    head += ["held-out DPO loss of the rewards", "real tokens/s (best)", "trainable", "others' load"]
-    out = toolkit.peer_table(head, rows, cells)
-    for what, a_name, t_name in PAIRS:
-        a, t = rows.get(a_name), rows.get(t_name)
-        if a and t:
-            sd = max(a["reward_accuracy"][1], t["reward_accuracy"][1])
-            out.append(
-                f"\n{what}: TRL / anytrain loop time {t['loop_s'] / a['loop_s']:.3f}, peak RSS "
-                f"{t['peak_mib'] / a['peak_mib']:.3f}; held-out reward accuracy anytrain - TRL "
-                f"{a['reward_accuracy'][0] - t['reward_accuracy'][0]:+.3f} (seed-to-seed sd {sd:.3f}), loss "
-                f"{a['loss'][0] - t['loss'][0]:+.4f} (sd {max(a['loss'][1], t['loss'][1]):.4f})"
-            )
-    return "\n".join(out)
+    head = [*toolkit.REWARD_HEAD, "held-out DPO loss of the rewards", "real tokens/s (best)", "trainable"]
+    head.append("others' load")
+    return "\n".join(toolkit.peer_table(head, rows, toolkit.reward_cells) + toolkit.reward_pairs(rows, PAIRS))
 
 
 def main(argv=None) -> dict | None:

@@ -248,6 +248,16 @@ def anytrain_peer(runner: Runner, job: str, name: str, data: Path, model: Path, 
     return rec, d, train, s
 
 
+def anytrain_saved(runner: Runner, job: str, name: str, data: Path, model: Path, options: list, timeout=TIMEOUT):
+    """anytrain_peer for a comparison that scores the saved model: (record, train lines); a record that ran gains
+    tokens_per_s and start_to_first_step_s (summary.json's) and model (the run folder's hf/ export)."""
+    rec, d, train, s = anytrain_peer(runner, job, name, data, model, options, timeout=timeout)
+    if "error" not in rec:
+        rec.update(tokens_per_s=s["tokens_per_s"], start_to_first_step_s=s["start_to_first_step_s"])
+        rec.update(model=str(d / "hf"))
+    return rec, train
+
+
 def trl_peer(runner: Runner, job: str, name: str, script: str, data: Path, model: Path, args: list, timeout=TIMEOUT):
     """peers/<script>, TRL's trainer on the same job (`args`: its --kind, --seed and more): its record, with the job's
     result.json (loop_s, steps, peak_memory_bytes, trainable_parameters, ...) when it ran."""
@@ -300,6 +310,48 @@ def peer_figures(ok: list[dict], time: str) -> dict:
         "runs": len(ok),
         "other_load_median": statistics.median(r["other_load"] or 0.0 for r in ok),
     }
+
+
+def reward_figures(ok: list[dict], loss: str) -> dict:
+    """A preference comparison's row (dpo_vs_trl.py, kto_vs_trl.py): peer_figures of the loop time, the held-out
+    reward accuracy and `loss` (mean, sd over the runs), and anytrain's tokens/s (the best run's, as the loop time's;
+    the median) and median start to first step."""
+    out = peer_figures(ok, "loop_s")
+    out.update(reward_accuracy=spread([r["reward_accuracy"] for r in ok]), loss=spread([r[loss] for r in ok]))
+    if "tokens_per_s" in ok[0]:
+        out["tokens_per_s"] = max(r["tokens_per_s"] for r in ok)
+        out["tokens_per_s_median"] = statistics.median(r["tokens_per_s"] for r in ok)
+        out["start_to_first_step_s"] = statistics.median(r["start_to_first_step_s"] for r in ok)
+    return out
+
+
+def reward_cells(row: dict) -> list[str]:
+    """A preference comparison's cells of a variant's row, after its name."""
+    (acc, acc_sd), (loss, loss_sd) = row["reward_accuracy"], row["loss"]
+    rate = f"{row['tokens_per_s']:,.0f}" if "tokens_per_s" in row else ""
+    times = [f"{row['loop_s']:.1f} s", f"{row['loop_s_median']:.1f} s", f"{row['peak_mib']:,.0f} MiB"]
+    scores = [f"{acc:.3f} ± {acc_sd:.3f}", f"{loss:.4f} ± {loss_sd:.4f}", rate]
+    return [*times, *scores, f"{row['trainable_parameters']:,}", f"{row['other_load_median']:.2f}"]
+
+
+REWARD_HEAD = ["variant", "loop time (best)", "median", "peak RSS (median)", "held-out reward accuracy"]
+
+
+def reward_pairs(rows: dict, pairs: list[tuple[str, str, str]]) -> list[str]:
+    """A preference comparison's line per (what, anytrain's variant, TRL's variant) where both ran: the ratios and
+    the held-out scores' differences against their seed-to-seed sd."""
+    out = []
+    for what, a_name, t_name in pairs:
+        a, t = rows.get(a_name), rows.get(t_name)
+        if a and t:
+            sd = max(a["reward_accuracy"][1], t["reward_accuracy"][1])
+            out.append(
+                f"\n{what}: TRL / anytrain loop time {t['loop_s'] / a['loop_s']:.3f}, peak RSS "
+                f"{t['peak_mib'] / a['peak_mib']:.3f}; held-out reward accuracy anytrain - TRL "
+                f"{a['reward_accuracy'][0] - t['reward_accuracy'][0]:+.3f} (seed-to-seed sd {sd:.3f}), loss "
+                f"{a['loss'][0] - t['loss'][0]:+.4f} (sd {max(a['loss'][1], t['loss'][1]):.4f})"
+            )
+    return out
 
 
 def peer_table(head: list[str], rows: dict, cells) -> list[str]:

@@ -10,16 +10,14 @@ own maximum resident set (trl_run.py); the reward curve is TRL's own logged `rew
 seconds from a second TrainerCallback (StepEnds).
 `python trl_grpo_job.py --data DIR --model FOLDER --kind full|lora --seed N --json OUT --out DIR`"""
 
-import functools
 import importlib.util
 import json
-import time
 
 import datasets
 import grpo_job
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
-from trl_run import Clock, lora_config, parser, train_and_save
+from trl_run import Clock, StepEnds, lora_config, parser, timed, train_and_save
 
 
 def reward_function(data):
@@ -27,33 +25,6 @@ def reward_function(data):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.ones
-
-
-class StepEnds(TrainerCallback):
-    """When training begins and when each optimizer step ends (perf_counter): each step's own seconds."""
-
-    def __init__(self):
-        self.marks: list[float] = []
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.marks = [time.perf_counter()]
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.marks.append(time.perf_counter())
-
-
-def timed(seconds: dict, name: str, fn):
-    """fn, its time added to seconds[name] at each call."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            seconds[name] += time.perf_counter() - start
-
-    return wrapper
 
 
 def main() -> None:

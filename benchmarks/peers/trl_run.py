@@ -1,7 +1,9 @@
-"""What the TRL peer jobs (trl_sft_job.py, trl_dpo_job.py) share: their command line, the clock on TRL's
-training loop, the LoRA configuration, and the end of a job (the peak, the saved model, the result file)."""
+"""What the TRL peer jobs (trl_sft_job.py, trl_dpo_job.py, ...) share: their command line, the clocks on TRL's
+training loop (the loop, each step, a method's time), the LoRA configuration, and the end of a job (the peak, the
+saved model, the result file)."""
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -22,6 +24,33 @@ class Clock(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         Clock.ended, Clock.steps = time.perf_counter(), Clock.steps + 1
+
+
+class StepEnds(TrainerCallback):
+    """When training begins and when each optimizer step ends (perf_counter): each step's own seconds."""
+
+    def __init__(self):
+        self.marks: list[float] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.marks = [time.perf_counter()]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.marks.append(time.perf_counter())
+
+
+def timed(seconds: dict, name: str, fn):
+    """fn, its time added to seconds[name] at each call."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            seconds[name] += time.perf_counter() - start
+
+    return wrapper
 
 
 def parser(kinds: tuple[str, ...]) -> argparse.ArgumentParser:
