@@ -1,6 +1,9 @@
 """The checks every transformers task gets (tests/test_hf_*.py, test_llm.py, test_sft.py): an in-process
 run; 4 accumulated micro-batches equal one big batch, with the control that per-micro-batch means would not;
-2 gloo ranks equal 1 rank; a SIGKILL mid-run then --resume gives the same weights and log, bit for bit."""
+2 gloo ranks equal 1 rank; a SIGKILL mid-run then --resume gives the same weights and log, bit for bit. And those
+of the tasks that own their step and sample their own completions (test_grpo.py, test_distill.py): 3 steps
+accumulated equal 3 of one batch, and 2 ranks of half the batch 1 rank; the start-up check's step counts for
+nothing."""
 
 from __future__ import annotations
 
@@ -83,6 +86,54 @@ def check_kill_and_resume(args: list[str], tmp_path, name: str) -> None:
     ]
     assert read_summary(tmp_path / "victim")["resumed_from"] is not None
     assert (tmp_path / "victim" / "hf" / "model.safetensors").is_file()
+
+
+def check_accumulated_steps(args: list[str], accumulated: list[str], tmp_path, **tolerance) -> None:
+    """3 steps of one batch and the same 3 steps in the micro-batches `accumulated` gives: the same weights (1e-6) and
+    logged losses (pytest.approx's `tolerance`)."""
+    one = in_process(tmp_path / "one", *args, "--max-steps", "3")
+    accum = in_process(tmp_path / "accum", *args, "--max-steps", "3", *accumulated)
+    assert one["optimizer_steps"] == accum["optimizer_steps"] == 3
+    diff = max_abs_diff(load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "accum").state_dict())
+    assert diff < 1e-6, diff
+    losses = [[m["loss"] for m in read_metrics(tmp_path / d) if m["kind"] == "train"] for d in ("one", "accum")]
+    assert losses[0] == pytest.approx(losses[1], **tolerance)
+
+
+def check_two_ranks_of_half_the_batch(args: list[str], half: list[str], tmp_path, figures, **tolerance) -> None:
+    """3 steps on 1 process (`args`), and launched on 2 gloo ranks each of half its batch (`half`'s flags added): the
+    same weights (1e-6) and training `figures` (pytest.approx's `tolerance`)."""
+    one = in_process(tmp_path / "one", *args, "--max-steps", "3")
+    done = launch("multi_cpu.yaml", *args, "--max-steps", "3", *half, "--output-dir", str(tmp_path / "two"))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert read_summary(tmp_path / "two")["scenario"]["num_processes"] == 2 and one["optimizer_steps"] == 3
+    diff = max_abs_diff(load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "two").state_dict())
+    assert diff < 1e-6, diff
+    lines = [[m for m in read_metrics(tmp_path / d) if m["kind"] == "train"] for d in ("one", "two")]
+    for name in figures:
+        assert [m[name] for m in lines[0]] == pytest.approx([m[name] for m in lines[1]], **tolerance), name
+
+
+def check_start_up_check_forgotten(args: list[str], tmp_path, monkeypatch, name: str) -> None:
+    """A task that owns its step: the start-up check runs it once (on the first training rows) and the task forgets
+    it (after_check): the weights, every logged figure but the times and the completions table equal those of the
+    same run without the check."""
+    from anytrain import trainer
+
+    called = []
+    original = trainer.check_step
+    monkeypatch.setattr(trainer, "check_step", lambda task, ctx: called.append(task.name) or original(task, ctx))
+    in_process(tmp_path / "checked", *args)
+    monkeypatch.setattr(trainer, "check_step", lambda task, ctx: None)
+    in_process(tmp_path / "unchecked", *args)
+    assert called == [name]
+    runs = [tmp_path / "checked", tmp_path / "unchecked"]
+    assert max_abs_diff(*(load_model(run).state_dict() for run in runs)) == 0.0
+    drop = ("seconds", "samples_per_s", "tokens_per_s", "generating", "mfu", "achieved_tflops", "elapsed")
+    rows = [[{k: v for k, v in m.items() if k not in drop and not k.startswith("time_")} for m in read_metrics(run)]
+            for run in runs]  # fmt: skip
+    assert rows[0] == rows[1] and len(rows[0]) >= 2
+    assert (runs[0] / "completions.jsonl").read_text() == (runs[1] / "completions.jsonl").read_text()
 
 
 def loss_and_grads(model, inputs: dict, targets: torch.Tensor) -> tuple[float, int, dict]:

@@ -339,23 +339,25 @@ def test_no_task_imports_another_task():
 
 
 def test_the_causal_lm_methods_stand_side_by_side_on_one_base():
-    """hf:lm, sft, dpo and grpo stand on causal_lm.task.CausalLM, none on another (at most one mixin between:
-    NextTokenLoss for the two that train on the next token); each builds its model with the base's build_model;
-    reward stands on the classifiers' Transformers. A transformers model is generated from in two functions at
-    most (the causal-LM base's and seq2seq's), and dpo and grpo, which own their step, keep no default-step
-    members (loss and example_targets; dpo's loss is its formula)."""
+    """hf:lm, sft, dpo, grpo and distill stand on causal_lm.task.CausalLM, none on another (at most one base between:
+    NextTokenLoss for the two that train on the next token, causal_lm.sampled's SampledCausalLM for the two that
+    sample their own completions); each but distill (which loads its teacher beside the model) builds its model with
+    the base's build_model; reward stands on the classifiers' Transformers. A transformers model is generated from
+    in two functions at most (the causal-LM base's and seq2seq's), and dpo, grpo and distill, which own their step,
+    keep no default-step members (loss and example_targets; dpo's loss is its formula)."""
     from anytrain.tasks.causal_lm.task import CausalLM
     from anytrain.tasks.transformers import Transformers
 
     registry = classes()
-    for key in ("hf:lm", "hf:sft", "hf:dpo", "hf:grpo"):
+    between = ([], ["NextTokenLoss"], ["SampledCausalLM"])
+    for key in ("hf:lm", "hf:sft", "hf:dpo", "hf:grpo", "hf:distill"):
         cls = registry[key]
         ours = [c for c in cls.__mro__[1:] if issubclass(c, Task) and c not in (Task, CausalLM)]
-        assert CausalLM in cls.__mro__ and [c.__name__ for c in ours] in ([], ["NextTokenLoss"]), (key, ours)
-        assert cls.build_model is CausalLM.build_model, key
+        assert CausalLM in cls.__mro__ and [c.__name__ for c in ours] in between, (key, ours)
+        assert cls.build_model is CausalLM.build_model or key == "hf:distill", key
     reward = registry["hf:reward"]
     assert issubclass(reward, Transformers) and not issubclass(reward, CausalLM)
-    for key, kept in (("hf:dpo", {"loss"}), ("hf:grpo", set())):
+    for key, kept in (("hf:dpo", {"loss"}), ("hf:grpo", set()), ("hf:distill", set())):
         cls = registry[key]
         assert (
             owns_step(cls)

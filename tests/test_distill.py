@@ -23,14 +23,18 @@ import random
 
 import pytest
 import torch
-from conftest import kill_and_resume, launch, max_abs_diff, read_metrics, read_summary, run_cli_error
-from hfchecks import in_process
+from conftest import kill_and_resume, read_metrics, read_summary, run_cli_error
+from hfchecks import (
+    check_accumulated_steps,
+    check_start_up_check_forgotten,
+    check_two_ranks_of_half_the_batch,
+    in_process,
+)
 from hfmodels import tiny_bert_mlm, tiny_gpt2, tiny_llama
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from zoo import tiny_causal_lm
 
-from anytrain import load_model
 from anytrain.tasks.causal_lm import head as lmhead
 from anytrain.tasks.causal_lm.divergence import DivergenceRequest, full_logits, teacher_at
 from anytrain.tasks.causal_lm.generation import Completions, positions_of
@@ -422,53 +426,21 @@ def test_lora_trains_adapters_from_the_same_first_step(learnt, folders, tmp_path
 
 
 def test_accumulation_equals_one_batch_of_the_steps_prompts(folders, tmp_path):
-    one = in_process(tmp_path / "one", *args(folders, "--max-steps", "3"))
-    four = in_process(tmp_path / "four", *args(folders, "--max-steps", "3", "--batch-size", "1",
-                                               "--grad-accum-steps", "4"))  # fmt: skip
-    assert one["optimizer_steps"] == four["optimizer_steps"] == 3
-    diff = max_abs_diff(load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "four").state_dict())
-    assert diff < 1e-6, diff
-    losses = [
-        [m["loss"] for m in read_metrics(d) if m["kind"] == "train"] for d in (tmp_path / "one", tmp_path / "four")
-    ]
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    check_accumulated_steps(args(folders), ["--batch-size", "1", "--grad-accum-steps", "4"], tmp_path, rel=1e-5)
 
 
 def test_the_start_up_check_answers_and_trains_a_step_that_counts_for_nothing(folders, tmp_path, monkeypatch):
     """distill owns its step, so the start-up check runs it (the first step's prompts answered, the divergence) and
     distill forgets it (after_check): the weights, every logged figure and the completions table equal those of the
     same run without the check."""
-    from anytrain import trainer
-
     flags = args(folders, "--max-steps", "2", "--batch-size", "2", "--grad-accum-steps", "2")
-    called = []
-    original = trainer.check_step
-    monkeypatch.setattr(trainer, "check_step", lambda task, ctx: called.append(task.name) or original(task, ctx))
-    in_process(tmp_path / "checked", *flags)
-    monkeypatch.setattr(trainer, "check_step", lambda task, ctx: None)
-    in_process(tmp_path / "unchecked", *flags)
-    assert called == ["distill"]
-    runs = [tmp_path / "checked", tmp_path / "unchecked"]
-    assert max_abs_diff(*(load_model(run).state_dict() for run in runs)) == 0.0
-    drop = ("seconds", "samples_per_s", "tokens_per_s", "generating", "mfu", "achieved_tflops", "elapsed")
-    rows = [[{k: v for k, v in m.items() if k not in drop and not k.startswith("time_")} for m in read_metrics(run)]
-            for run in runs]  # fmt: skip
-    assert rows[0] == rows[1] and len(rows[0]) >= 2
-    assert (runs[0] / "completions.jsonl").read_text() == (runs[1] / "completions.jsonl").read_text()
+    check_start_up_check_forgotten(flags, tmp_path, monkeypatch, "distill")
 
 
 @pytest.mark.launch
 def test_two_ranks_equal_one_rank_with_twice_the_prompts(folders, tmp_path):
-    one = in_process(tmp_path / "one", *args(folders, "--max-steps", "3"))
-    done = launch("multi_cpu.yaml", *args(folders, "--max-steps", "3", "--batch-size", "2"), "--output-dir",
-                  str(tmp_path / "two"))  # fmt: skip
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    assert read_summary(tmp_path / "two")["scenario"]["num_processes"] == 2 and one["optimizer_steps"] == 3
-    diff = max_abs_diff(load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "two").state_dict())
-    assert diff < 1e-6, diff
-    lines = [[m for m in read_metrics(tmp_path / d) if m["kind"] == "train"] for d in ("one", "two")]
-    for name in ("loss", "divergence", "entropy", "completion_length", "truncated"):
-        assert [m[name] for m in lines[0]] == pytest.approx([m[name] for m in lines[1]], rel=1e-5), name
+    figures = ("loss", "divergence", "entropy", "completion_length", "truncated")
+    check_two_ranks_of_half_the_batch(args(folders), ["--batch-size", "2"], tmp_path, figures, rel=1e-5)
     assert len((tmp_path / "two" / "completions.jsonl").read_text().splitlines()) == 3 * 2  # the main process's
 
 

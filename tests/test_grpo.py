@@ -23,11 +23,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import kill_and_resume, launch, max_abs_diff, read_metrics, read_summary, run_cli_error
-from hfchecks import in_process
+from conftest import kill_and_resume, read_metrics, read_summary, run_cli_error
+from hfchecks import (
+    check_accumulated_steps,
+    check_start_up_check_forgotten,
+    check_two_ranks_of_half_the_batch,
+    in_process,
+)
 from hfmodels import tiny_bert_mlm, tiny_llama
 
-from anytrain import load_model
 from anytrain.config import ConfigError, TrainConfig
 from anytrain.tasks.causal_lm.generation import generate, left_padded, prompt_cache, read_back
 from anytrain.tasks.causal_lm.head import head_of
@@ -558,54 +562,23 @@ def test_evaluation_says_the_rewards_and_no_loss(learnt):
 
 
 def test_accumulation_equals_one_batch_of_the_steps_completions(folders, tmp_path):
-    one = in_process(tmp_path / "one", *args(folders, "--max-steps", "3"))
-    four = in_process(tmp_path / "four", *args(folders, "--max-steps", "3", "--grad-accum-steps", "4"))
-    assert one["optimizer_steps"] == four["optimizer_steps"] == 3
-    diff = max_abs_diff(load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "four").state_dict())
-    assert diff < 1e-6, diff
-    losses = [
-        [m["loss"] for m in read_metrics(d) if m["kind"] == "train"] for d in (tmp_path / "one", tmp_path / "four")
-    ]
-    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    check_accumulated_steps(args(folders), ["--grad-accum-steps", "4"], tmp_path, abs=1e-6)
 
 
 def test_the_start_up_check_runs_one_rollout_and_step_that_count_for_nothing(folders, tmp_path, monkeypatch):
     """Issue 46: grpo owns its step, so the start-up check runs it (a rollout of the first prompts, then the loss) and
     grpo forgets it (after_check): the run's weights, every logged figure and its completions table equal those of the
     same run without the check; the reward functions were called once more, for it."""
-    from anytrain import trainer
-
     flags = args(folders, "--max-steps", "2", "--grad-accum-steps", "2", "--kl-beta", "0.1")
-    called = []
-    original = trainer.check_step
-    monkeypatch.setattr(trainer, "check_step", lambda task, ctx: called.append(task.name) or original(task, ctx))
-    in_process(tmp_path / "checked", *flags)
-    monkeypatch.setattr(trainer, "check_step", lambda task, ctx: None)
-    in_process(tmp_path / "unchecked", *flags)
-    assert called == ["grpo"]
-    runs = [tmp_path / "checked", tmp_path / "unchecked"]
-    assert max_abs_diff(*(load_model(run).state_dict() for run in runs)) == 0.0
-    drop = ("seconds", "samples_per_s", "tokens_per_s", "generating", "mfu", "achieved_tflops", "elapsed")
-    rows = [[{k: v for k, v in m.items() if k not in drop and not k.startswith("time_")} for m in read_metrics(run)]
-            for run in runs]  # fmt: skip
-    assert rows[0] == rows[1] and len(rows[0]) >= 2
-    assert (runs[0] / "completions.jsonl").read_text() == (runs[1] / "completions.jsonl").read_text()
+    check_start_up_check_forgotten(flags, tmp_path, monkeypatch, "grpo")
 
 
 @pytest.mark.launch
 def test_two_ranks_equal_one_rank_with_twice_the_prompts(folders, tmp_path):
     """Also what a reward function logs with log_metric, in an order that differs between the processes."""
-    logging = ("--reward", f"{folders['rewards']}:logs", "--reward-weights", "1", "0")
-    one = in_process(tmp_path / "one", *args(folders, "--max-steps", "3", *logging))
-    done = launch("multi_cpu.yaml", *args(folders, "--max-steps", "3", "--batch-size", "2", *logging), "--output-dir",
-                  str(tmp_path / "two"))  # fmt: skip
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    assert read_summary(tmp_path / "two")["scenario"]["num_processes"] == 2 and one["optimizer_steps"] == 3
-    diff = max_abs_diff(load_model(tmp_path / "one").state_dict(), load_model(tmp_path / "two").state_dict())
-    assert diff < 1e-6, diff
-    lines = [[m for m in read_metrics(tmp_path / d) if m["kind"] == "train"] for d in ("one", "two")]
-    for name in ("mean_length", "ones_per_completion", "reward", "completion_length"):
-        assert [m[name] for m in lines[0]] == pytest.approx([m[name] for m in lines[1]], abs=1e-9), name
+    flags, figures = args(folders, "--reward", f"{folders['rewards']}:logs", "--reward-weights", "1", "0"), (
+        "mean_length", "ones_per_completion", "reward", "completion_length")  # fmt: skip
+    check_two_ranks_of_half_the_batch(flags, ["--batch-size", "2"], tmp_path, figures, abs=1e-9)
     assert len((tmp_path / "two" / "completions.jsonl").read_text().splitlines()) == 3 * 8  # the main process's
 
 

@@ -133,8 +133,9 @@ def test_the_logged_reward_leaves_unscorable_completions_out_and_log_metric_is_a
     completion = torch.arange(3)[None, :] < torch.tensor([3] * 8 + [1] * 8)[:, None]  # 3 tokens, then 1
     done = SimpleNamespace(completion=completion, truncated=torch.arange(16) < 4)
     figures = Figures()
-    figures.add_rollout(OneProcess(), table, reward, done, 4, ["f", "g"], {"a": [1.0, 2.0], "b": [NAN]})
-    figures.add_rollout(OneProcess(), table, reward, done, 4, ["f", "g"], {"a": [3.0]})
+    for logged in ({"a": [1.0, 2.0], "b": [NAN]}, {"a": [3.0]}):  # two rollouts: the base's lengths, grpo's rewards
+        figures.add_lengths(OneProcess(), done)
+        figures.add_rollout(OneProcess(), table, reward, 4, ["f", "g"], logged)
     out = figures.take(OneProcess())
     scorable = [r for r in reward.tolist() if not math.isnan(r)]
     assert out["reward"] == pytest.approx(sum(scorable) / len(scorable))  # TRL's `reward`: a nanmean

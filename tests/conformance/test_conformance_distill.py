@@ -1,6 +1,6 @@
 """The specification of `--task distill`: an optimizer step under plain SGD is lr times the gradient of TRL 1.16's
 DistillationTrainer loss on the completions the step sampled. The run's answers are recorded
-(OnPolicyDistillation.answer wrapped: the completions and the weights that sampled them); everything else is
+(OnPolicyDistillation.roll_out wrapped: the completions and the weights that sampled them); everything else is
 recomputed here, independently, in float64 with full logits, each completion alone and unpadded:
 
 - each completion: the generated tokens after the prompt through the first stop token (end-of-text, ChatML's
@@ -32,6 +32,7 @@ import pytest
 import torch
 from hfchecks import in_process
 from hfmodels import tiny_llama
+from rollouts import completions, recorded, stopping
 from sgd import LR, TOLERANCE, float64_model, gradients, relative_difference, sgd_flags, trained, weights
 from textdata import write_jsonl
 
@@ -52,20 +53,8 @@ def folders(tmp_path_factory):
     for split, part in (("train", rows[:PROMPTS]), ("validation", rows[PROMPTS:-1]), ("test", rows[-1:])):
         write_jsonl(root / "data" / f"{split}.jsonl", part)
     teacher = tiny_llama(root / "teacher", seed=1, width=96)
-    return {"student": stopping(tiny_llama(root / "student")), "teacher": teacher, "data": root / "data"}
-
-
-def stopping(folder):
-    """The Llama with its <|im_end|> output row along the mean of its last hidden states: some completions stop
-    early, at various lengths (the per-token and per-completion means then differ)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
-    stop = transformers.AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids("<|im_end|>")
-    with torch.no_grad():
-        ids = torch.randint(5, 300, (16, 20), generator=torch.Generator().manual_seed(0))
-        mean = model(input_ids=ids, output_hidden_states=True).hidden_states[-1].flatten(0, 1).mean(0)
-        model.lm_head.weight[stop] = 9 * mean / mean.norm() ** 2
-    model.save_pretrained(folder)
-    return folder
+    student = stopping(tiny_llama(root / "student"), 9)  # some stop early: per-token and per-completion means differ
+    return {"student": student, "teacher": teacher, "data": root / "data"}
 
 
 def case(**given) -> dict:
@@ -81,22 +70,6 @@ def flags(folders, c: dict) -> list[str]:
         "--temperature", str(c["temperature"]), "--batch-size", str(c["batch"]), "--grad-accum-steps",
         str(c["accum"]), "--seed", "5", *sgd_flags(c["lr"]),
     ]  # fmt: skip
-
-
-def recorded(monkeypatch) -> list:
-    """Each step's answers as OnPolicyDistillation.answer returns them, with the weights that sampled them (float64
-    copies); the first is the start-up check's."""
-    seen, original = [], OnPolicyDistillation.answer
-
-    def recording(self, ctx, slot):
-        model = ctx.accelerator.unwrap_model(ctx.model)
-        before = {n: p.detach().double().clone() for n, p in model.named_parameters()}
-        answered = original(self, ctx, slot)
-        seen.append((before, answered))
-        return answered
-
-    monkeypatch.setattr(OnPolicyDistillation, "answer", recording)
-    return seen
 
 
 # --------------------------------------------------------------------------- the formula
@@ -117,15 +90,7 @@ def generalized_jsd(student: torch.Tensor, teacher: torch.Tensor, beta: float, t
 def pieces_of(tokenizer, answered) -> list[tuple[list[int], list[int], list[bool]]]:
     """Each completion's (prompt, completion tokens, which count): the prompt without its left padding; the
     completion through its first stop token, or all of it; every one of its tokens counted."""
-    stops = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    rows, width = answered.rows, answered.rows.width
-    out = []
-    for ids, mask in zip(rows.ids.tolist(), rows.mask.tolist()):
-        prompt = [t for t, m in zip(ids[:width], mask[:width]) if m]
-        new = ids[width : width + NEW]
-        end = next((k + 1 for k, t in enumerate(new) if t in stops), len(new))
-        out.append((prompt, new[:end], [True] * end))
-    return out
+    return [(prompt, region, [True] * len(region)) for prompt, region in completions(tokenizer, answered.rows, NEW)]
 
 
 def step_loss(student, teacher, pieces, c: dict, per_completion: bool = False) -> torch.Tensor:
@@ -173,10 +138,10 @@ CASES = [
 
 @pytest.mark.parametrize(("c", "extra"), CASES)
 def test_an_sgd_step_is_the_gradient_of_trls_distillation_loss(folders, tmp_path, monkeypatch, c, extra):
-    seen = recorded(monkeypatch)
+    seen = recorded(monkeypatch, OnPolicyDistillation)  # the start-up check's answers first
     summary = in_process(tmp_path / "run", *flags(folders, c))
     assert summary["optimizer_steps"] == 1 and len(seen) == 2  # the start-up check's answers, then the step's
-    before, answered = seen[-1]
+    before, answered = seen[-1].before, seen[-1].rollout
     tokenizer = transformers.AutoTokenizer.from_pretrained(folders["student"])
     pieces = pieces_of(tokenizer, answered)
     assert len(pieces) == PROMPTS and len({len(region) for _, region, _ in pieces}) > 1  # several lengths
@@ -196,9 +161,9 @@ def test_two_ranks_train_the_same_step(folders, tmp_path, monkeypatch):
     """2 gloo ranks x 2 prompts: each rank answers its half of the step (keyed by the row: the completions of one
     rank x 4), the count gathered over both; the update is the formula's on the step's 4 completions."""
     c = case(beta=0.5)
-    seen = recorded(monkeypatch)
+    seen = recorded(monkeypatch, OnPolicyDistillation)  # the start-up check's answers first
     in_process(tmp_path / "one", *flags(folders, c))
-    before, answered = seen[-1]
+    before, answered = seen[-1].before, seen[-1].rollout
     pieces = pieces_of(transformers.AutoTokenizer.from_pretrained(folders["student"]), answered)
     trained(tmp_path / "two", flags(folders, {**c, "batch": PROMPTS // 2}), ranks=2)
     end = weights(tmp_path / "two" / "hf")
@@ -222,12 +187,12 @@ def test_an_sgd_step_with_a_tool_turn_counts_the_models_tokens_alone(tmp_path_fa
     folders = {"student": tiny_llama(root / "student", tools=True), "data": root / "data",
                "teacher": tiny_llama(root / "teacher", seed=1, width=96, tools=True)}  # fmt: skip
     tokenizer = transformers.AutoTokenizer.from_pretrained(folders["student"])
-    turns, seen = scripted(monkeypatch, tokenizer), recorded(monkeypatch)
+    turns, seen = scripted(monkeypatch, tokenizer), recorded(monkeypatch, OnPolicyDistillation)
     c = case(beta=0.5, batch=8, lr=8.0)  # a small gradient (long conversations): at lr 0.5 float32's rounding of the
     # weights alone is 7e-5 of the update (the formula's own difference: 4e-6 at lr 8)
     run_flags = [*flags(folders, c), "--tools", f"{root / 'tools.py'}:add", "--max-new-tokens", str(TOOL_NEW)]
     in_process(tmp_path / "run", *run_flags)
-    before, answered = seen[-1]
+    before, answered = seen[-1].before, seen[-1].rollout
     kinds = [t["kind"] for t in turns[8:16]]  # the step's first turns, after the start-up check's
     width, pieces = answered.rows.width, []
     for k, row in enumerate(answered.prompts):

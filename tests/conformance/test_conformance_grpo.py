@@ -58,6 +58,7 @@ import torch
 import yaml
 from hfchecks import in_process
 from hfmodels import tiny_llama
+from rollouts import completions, recorded, stopping
 from sgd import LR, TOLERANCE, float64_model, gradients, relative_difference, sgd_flags, token_logps, weights
 from textdata import write_jsonl
 
@@ -104,23 +105,8 @@ def folders(tmp_path_factory):
     for split, part in (("train", rows[:PROMPTS]), ("validation", rows[PROMPTS:-1]), ("test", rows[-1:])):
         write_jsonl(root / "data" / f"{split}.jsonl", part)
     (root / "rewards.py").write_text(REWARDS)
-    model = stopping_llama(root / "llama")
+    model = stopping(tiny_llama(root / "llama"), 10)  # some completions stop early: the normalisations differ
     return {"model": model, "data": root / "data", "rewards": root / "rewards.py", "rows": rows}
-
-
-def stopping_llama(folder):
-    """The tests' Llama, its output layer's <|im_end|> row set along the mean of its last hidden states, so that some
-    completions stop early, at various lengths (else all run to --max-new-tokens, and the three normalisations of
-    the loss are one)."""
-    tiny_llama(folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
-    stop = transformers.AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids("<|im_end|>")
-    with torch.no_grad():
-        ids = torch.randint(5, 300, (16, 20), generator=torch.Generator().manual_seed(0))
-        mean = model(input_ids=ids, output_hidden_states=True).hidden_states[-1].flatten(0, 1).mean(0)
-        model.lm_head.weight[stop] = 10 * mean / mean.norm() ** 2
-    model.save_pretrained(folder)
-    return folder
 
 
 def case(**given) -> dict:
@@ -156,37 +142,14 @@ def flags(folders, c: dict) -> list[str]:
 def recorded_run(folders, run, monkeypatch, c: dict) -> list[tuple[dict, object]]:
     """The run, and each rollout it trained on with the weights that sampled it (float64 copies); the start-up check's
     rollout (its step run once on the first training rows, then forgotten) is left out."""
-    seen, original = [], GroupRelative.roll_out
-
-    def recording(self, ctx, slot):
-        model = ctx.accelerator.unwrap_model(ctx.model)
-        before = {n: p.detach().double().clone() for n, p in model.named_parameters()}
-        rollout = original(self, ctx, slot)
-        assert (self.engine.shared is not None) == c["share"]  # a group's prompt read once, unless --no-share-prompts
-        seen.append((before, rollout))
-        return rollout
-
-    monkeypatch.setattr(GroupRelative, "roll_out", recording)
+    seen = recorded(monkeypatch, GroupRelative)
     summary = in_process(run, *flags(folders, c))
     assert summary["optimizer_steps"] == c["steps"] and len(seen) == c["steps"] + 1
-    return seen[1:]
+    assert all(r.shared == c["share"] for r in seen)  # a group's prompt read once, unless --no-share-prompts
+    return [(r.before, r.rollout) for r in seen[1:]]
 
 
 # --------------------------------------------------------------------------- the formula
-
-
-def completions(tokenizer, rollout) -> list[tuple[list[int], list[int]]]:
-    """Each row's (prompt, completion) tokens: the prompt without its left padding; the completion through its first
-    stop token, or all of it."""
-    stops = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    rows, width = rollout.rows, rollout.rows.width
-    out = []
-    for ids, mask in zip(rows.ids.tolist(), rows.mask.tolist()):
-        prompt = [t for t, m in zip(ids[:width], mask[:width]) if m]
-        new = ids[width : width + NEW]
-        end = next((k + 1 for k, t in enumerate(new) if t in stops), len(new))
-        out.append((prompt, new[:end]))
-    return out
 
 
 def rewards(folders, tokenizer, pieces, c: dict) -> torch.Tensor:
@@ -393,7 +356,7 @@ def test_an_sgd_step_is_the_gradient_of_trls_grpo_loss(folders, tmp_path, monkey
     before, rollout = seen[-1]  # the step checked: the last (the second, for the KL cases)
     model = policy(folders, before, c["steps"] == 1)
     reference = float64_model(folders["model"]).requires_grad_(False) if c["beta"] else None
-    pieces = completions(tokenizer, rollout)
+    pieces = completions(tokenizer, rollout.rows, NEW)
     r = rewards(folders, tokenizer, pieces, c)
     adv = step_advantages(model, reference, pieces, r, c)
     assert len(pieces) == PROMPTS * c["G"] and adv.abs().max() > 0.1, adv  # a step with something to learn

@@ -25,6 +25,7 @@ import pytest
 import torch
 from hfchecks import in_process
 from hfmodels import tiny_llama
+from rollouts import recorded
 from sgd import LR, TOLERANCE, float64_model, gradients, relative_difference, sgd_flags, token_logps, weights
 from tooldata import TOOLS, first_call, scripted, write_sums
 
@@ -124,16 +125,7 @@ def loss(model, pieces, adv: torch.Tensor, tools_too: bool) -> torch.Tensor:
 
 
 def test_an_sgd_step_with_tools_is_the_gradient_of_trls_loss_on_the_models_tokens_alone(folders, tmp_path, monkeypatch):
-    seen, original = [], GroupRelative.roll_out
-
-    def recording(self, ctx, slot):
-        model = ctx.accelerator.unwrap_model(ctx.model)
-        before = {n: p.detach().double().clone() for n, p in model.named_parameters()}
-        rollout = original(self, ctx, slot)
-        seen.append((before, rollout, list(slot.rows)))
-        return rollout
-
-    monkeypatch.setattr(GroupRelative, "roll_out", recording)
+    seen = recorded(monkeypatch, GroupRelative)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folders["model"])
     turns = scripted(monkeypatch, tokenizer)
     root = folders["root"]
@@ -143,7 +135,7 @@ def test_an_sgd_step_with_tools_is_the_gradient_of_trls_loss_on_the_models_token
         "--num-generations", str(G), "--max-new-tokens", str(NEW), "--batch-size", "1", "--seed", "3",
         *sgd_flags(steps=1),
     )  # fmt: skip
-    before, rollout, rows = seen[-1]
+    rollout, rows = seen[-1].rollout, seen[-1].rows
     kinds = [t["kind"] for t in turns[len(rows) * G : 2 * len(rows) * G]]  # the step's, after the start-up check's
     width, pieces, rewards = rollout.rows.width, [], []
     for k in range(len(kinds)):

@@ -8,6 +8,8 @@ preference pairs the reward model reads too. Not a task: nothing here is registe
     generation.py  generate: a complete sampling config, the stop ids, a group's prompt read once
     sampler.py     keyed sampling: TRL's filters (repetition penalty, temperature, top-k, top-p, min-p), the noise
     rollout_options.py  the rollout engine's options, which grpo's and distill's inherit
+    slots.py       the training prompts as the loader's slots, a rollout's per process (grpo, distill)
+    sampled.py     SampledCausalLM, grpo's and distill's base: sampling a rollout and holding it, the figures, the table
     answers.py     evaluation's generated answers (exact match) and `anytrain sample`'s reply
     prompts.py     chat messages checked and rendered by the template
     chats.py       sft's chats and instructions, rendered and tokenised, the answers' tokens learned

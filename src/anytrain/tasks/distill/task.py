@@ -6,20 +6,22 @@ whole vocabulary (--beta: 0 the forward KL, 1 the reverse KL, between them JSD_b
 from the two models' hidden states and output layers a chunk of tokens at a time (tasks/causal_lm/divergence.py).
 
 The batch: each optimizer step, every process answers its --batch-size x --grad-accum-steps prompts once, at the
-step's first micro-batch (TRL's generation batch; tasks/distill/slots.py), and each micro-batch trains on its
---batch-size of them. The loss is TRL's reduction: the sum of the per-token divergence over every completion token
-of the step (every process, every micro-batch; the tools' tokens are read but not counted) over their count, so the
-step's gradient is that of the mean over its tokens on any number of ranks and accumulation steps.
+step's first micro-batch (TRL's generation batch: a rollout of one step, tasks/causal_lm/slots.py), and each
+micro-batch trains on its --batch-size of them. The loss is TRL's reduction: the sum of the per-token divergence over
+every completion token of the step (every process, every micro-batch; the tools' tokens are read but not counted)
+over their count, so the step's gradient is that of the mean over its tokens on any number of ranks and
+accumulation steps.
 
 Validation and test: each held-out prompt answered once by sampling (its own key), the divergence over its tokens;
 `loss` is the mean over every completion token of the split (lower is better; the best weights are the lowest's).
 The model exports to run_dir/hf and `anytrain sample` answers, as sft's and grpo's do. The teacher is not saved.
+What it shares with grpo (the slots, sampling, holding the step's answers across its micro-batches, the time, length
+and tool figures, the completions table's upkeep, the start-up line) is the base's (tasks/causal_lm/sampled.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -30,25 +32,19 @@ from torch import nn
 from ...best import LOWER
 from ...config import TrainConfig
 from ...data.splits import Splits
-from ...shape import DataShape
 from ..causal_lm.divergence import Divergence, DivergenceRequest, full_logits, teacher_at
-from ..causal_lm.environment import load_environment
-from ..causal_lm.generation import Completions, completion_keys, prompt_kv, prompt_runs
+from ..causal_lm.generation import Completions, prompt_kv, prompt_runs
 from ..causal_lm.head import CausalLMHead
-from ..causal_lm.logprobs import shares_prompts
 from ..causal_lm.prompt_rows import Prompts
-from ..causal_lm.rollout import Rollouts
-from ..causal_lm.task import CausalLM
-from ..causal_lm.tools import load_tools
-from ..causal_lm.turns import Conversation, counts
+from ..causal_lm.sampled import SampledCausalLM
+from ..causal_lm.slots import Slot
+from ..causal_lm.turns import Conversation
 from ..contract import RunContext
 from . import teacher as teachers
 from .completions import CompletionsTable
 from .figures import Figures
 from .options import DistillOptions
-from .slots import StepSlot, StepSlots
 
-SPLIT_KEYS = {"train": 0, "validation": 1, "test": 2}
 DIVERGENCES = {0.0: "the forward KL(teacher || student)", 1.0: "the reverse KL(student || teacher)"}
 
 
@@ -63,63 +59,38 @@ class Answered:
     talks: list[Conversation] | None
     sums: torch.Tensor
 
-    def micro_batch(self, k: int, count: int) -> torch.Tensor:
-        """The rows of micro-batch k of `count`: the completions split as evenly as they go."""
-        return torch.tensor_split(torch.arange(len(self.rows.ids)), count)[k]
 
-
-class OnPolicyDistillation(CausalLM):
+class OnPolicyDistillation(SampledCausalLM[Answered]):
     name = "distill"
     goals = {"loss": LOWER}
     headline = "loss"
-    offers = frozenset({"export", "sample", "lora"})
     options = DistillOptions
-    targets_to_model = False  # the completions are the student's own; the teacher's distributions are the targets
-    step_shares = False  # its step divides by the step's own token count, known once the step's answers are written
+    figures_type, table_type = Figures, CompletionsTable  # its table: run_dir/completions.jsonl (completions.py)
+    figures: Figures
+    table: CompletionsTable
 
     @classmethod
     def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
-        o = cfg.section(cls.name)
         teachers.teacher_config(cfg)  # hf:... (the rest once the student's tokenizer is read: load_data)
-        load_tools(o.tools)  # each tool, function and environment found and checked before any data is read
-        if o.environment:
-            load_environment(o.environment)
+        super().check_settled(cfg, reason)
 
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
-        self.o = cfg.section(self.name)
-        self.engine = Rollouts(cfg, self.o)  # the prompts, tools, environment; generate (causal_lm/rollout.py)
-        self.figures = Figures()
-        self.table = CompletionsTable()  # run_dir/completions.jsonl (tasks/distill/completions.py)
-        self.answered: Answered | None = None  # the step's completions
         self.teacher: nn.Module | None = None  # build_model
         self.teacher_config: Any = None  # its transformers config, checked against the student's (load_data)
         self.full: str | None = None  # why the divergence comes from the models' own full logits (None: chunked)
         self.accelerator: Any = None  # the run's (on_run_start): the teacher's autocast
-        self.last_counts = (0, 0)  # the last micro-batch's completions and completion tokens
 
     # --------------------------------------------------------------------------- data and model
     def load_data(self, given=None) -> Splits:
-        from ... import hf
-
-        engine = self.engine
-        engine.load()
+        """The prompts, for the student's and the teacher's positions; a step's answers: --batch-size x
+        --grad-accum-steps prompts per process, a rollout trained for one step."""
+        self.engine.load()
         self.read_model()
         self.teacher_config, _ = teachers.checked(self.cfg, self.head, self.tokenizer, self.model_config)
-        default = self.cfg.data.max_length + self.o.max_new_tokens
-        positions = min(hf.max_positions(c) or default for c in (self.model_config, self.teacher_config))
-        source, chats = engine.read(self.tokenizer, positions, given, self.stops_for)
-        rows = engine.prompts  # {split: PromptRows}
-        train = StepSlots(rows["train"], self.cfg, self.run.processes)
-        shape = DataShape(
-            "tokens", vocab_size=len(self.tokenizer), max_length=positions, pad_id=self.tokenizer.pad_token_id
-        )
-        facts = {"tokenizer": f"{type(self.tokenizer).__name__} (the model's own)", "train_prompts": len(rows["train"]),
-                 "prompt_format": "chats" if chats else "text", "train_steps_per_epoch": train.steps,
-                 "teacher": self.o.teacher}  # fmt: skip
-        self.data = Splits.of({**rows, "train": train}, shape, source, input_columns=["prompt"], facts=facts,
-                              tokenizer=self.tokenizer)  # fmt: skip
-        return self.data
+        positions = self.model_positions(self.model_config, self.teacher_config)
+        batch, per_epoch = self.cfg.optim.batch_size * self.cfg.optim.grad_accum_steps, "train_steps_per_epoch"
+        return self.read_prompts(given, positions, batch, 1, per_epoch, teacher=self.o.teacher)
 
     def build_model(self, given=None) -> nn.Module:
         model = super().build_model(given)
@@ -127,22 +98,12 @@ class OnPolicyDistillation(CausalLM):
         self.full = full_logits(cast(CausalLMHead, model).causal_lm, self.teacher, self.run.shards)
         return model
 
-    def after_check(self) -> None:
-        """The start-up check answered a step's prompts and trained on them: none of it counts."""
-        self.answered, self.last_counts = None, (0, 0)
-        self.figures = Figures()  # a new window, its clock started now
-        self.table.forget()
-
     def on_run_start(self, ctx: RunContext) -> None:
         """The teacher on the run's device, in the student's dtype; the start-up line."""
         self.accelerator = ctx.accelerator
         dtype = next(ctx.model.parameters()).dtype
         self.teacher = teacher_on(self.teacher, ctx.accelerator.device, dtype)
-        ctx.accelerator.print(f"anytrain: distill: {self.described()}; prompts: {self.sharing(ctx)}")
-        if limits := self.engine.limits():
-            ctx.accelerator.print(limits)
-        self.figures.start()
-        self.table.start(ctx.run_dir, ctx.accelerator.is_main_process)
+        super().on_run_start(ctx)
 
     def described(self) -> str:
         """What the start-up line says of the batch, the loss and how the divergence is computed."""
@@ -156,22 +117,11 @@ class OnPolicyDistillation(CausalLM):
             f"{o.temperature:g} over the whole vocabulary, per completion token of the step, from {how}"
         )
 
-    def sharing(self, ctx: RunContext) -> str:
-        """--share-prompts: whether generate and the student's pass may read a repeated prompt once, checked on the
-        model (tasks/causal_lm/logprobs.py); what the start-up line says of it."""
-        if not self.o.share_prompts:
-            return "each row whole (--no-share-prompts)"
-        self.engine.shared, why = shares_prompts(ctx.forward, ctx.model)
-        return why if self.engine.shared is not None else f"each row whole, as {why}"
-
     # --------------------------------------------------------------------------- the step
-    def train_step(self, ctx: RunContext, slot: StepSlot) -> torch.Tensor:
+    def train_step(self, ctx: RunContext, slot: Slot) -> torch.Tensor:
         """The step's answers at its first micro-batch; then this micro-batch's completions trained (which of the
         step's micro-batches it is: ctx.micro of ctx.micro_batches)."""
-        if self.answered is None or ctx.micro == 0:
-            self.answered = self.answer(ctx, slot)
-        answered = self.answered
-        index = answered.micro_batch(ctx.micro, ctx.micro_batches)
+        answered, index = self.held(ctx, slot)
         rows = answered.rows.rows(index)
         found = self.divergence(ctx.forward, rows)
         self.figures.add_step(found.divergence, found.entropy)
@@ -181,23 +131,11 @@ class OnPolicyDistillation(CausalLM):
             self.keep_rows(ctx.step, answered)
         return found.divergence.sum() / answered.share
 
-    def answer(self, ctx: RunContext, slot: StepSlot) -> Answered:
+    def roll_out(self, ctx: RunContext, slot: Slot) -> Answered:
         """The step's prompts on this process answered once each (keyed by the row and epoch), and the step's share
         per micro-batch: its completion tokens over every process, over processes x accumulation steps."""
-        accelerator, started = ctx.accelerator, time.perf_counter()
-        model = accelerator.unwrap_model(ctx.model)
-        keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS["train"], slot.epoch, torch.tensor(slot.rows), 1)
-        with accelerator.autocast(), self.figures.timed("generate"):
-            done, talks = self.engine.complete(model, "train", slot.rows, 1, keys)
-        waited = sum(talk.waited for talk in talks or [])  # the tools' share of it
-        self.figures.phases["generate"] -= waited
-        self.figures.phases["tools"] += waited
-        count = accelerator.reduce(done.completion.sum().double(), "sum")
-        share = count.item() / (accelerator.num_processes * self.cfg.optim.grad_accum_steps) or 1.0
-        self.figures.add_rollout(accelerator, done)
-        if talks is not None:
-            self.figures.add_tools(accelerator, counts(talks), len(talks))
-        self.figures.generating += time.perf_counter() - started
+        done, talks = self.complete(ctx, slot, 1)
+        share = self.step_share(ctx.accelerator, done.completion.sum().double())
         sums = torch.zeros(len(slot.rows), 3, dtype=torch.float64, device=done.ids.device)
         return Answered(done, share, slot.rows, talks, sums)
 
@@ -237,27 +175,6 @@ class OnPolicyDistillation(CausalLM):
         prompts = [source.prompts[r] for r in answered.prompts]
         self.table.add(step, prompts, completions, answered.sums.tolist())
 
-    # --------------------------------------------------------------------------- the counts
-    def batch_counts(self, batch) -> tuple[int, int]:
-        """The completions and completion tokens this micro-batch trained on."""
-        return self.last_counts
-
-    def rates(self, samples: int, tokens: int, seconds: float) -> dict:
-        if seconds <= 0:
-            return {"samples_per_s": None, "tokens_per_s": None}
-        return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds}
-
-    def train_figures(self, accelerator) -> dict:
-        """The figures since the last line; the completions table's rows written, handed to the trackers that take
-        tables, two of them printed (main process)."""
-        from tqdm.auto import tqdm
-
-        figures = self.figures.take(accelerator)
-        shown = self.table.flush(accelerator.trackers)
-        if shown:
-            tqdm.write("\n".join(shown))
-        return figures
-
     # --------------------------------------------------------------------------- evaluation
     def eval_batch(self, model: nn.Module, batch: Prompts, forward: Callable) -> dict:
         """Each prompt answered once by sampling (its own key): the divergence summed over its tokens, and their
@@ -265,8 +182,7 @@ class OnPolicyDistillation(CausalLM):
         from ..causal_lm.generation import unwrapped
 
         split, rows = batch.split, batch.rows
-        keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS[split], 0, torch.tensor(rows), 1)
-        done, _ = self.engine.complete(unwrapped(model), split, rows, 1, keys)
+        done, _ = self.engine.complete(unwrapped(model), split, rows, 1, self.keys(split, 0, rows, 1))
         found = self.divergence(lambda request: forward(model, request, None), done, timed=False)
         sums = row_sums(found, done.completion)
         return {"divergence": sums[:, 0], "tokens": sums[:, 2]}

@@ -1,14 +1,15 @@
 """grpo's own figures in each training log line (and summary.json): what a user needs to see that the run learns
 and where its time goes. Per rollout, over every process: each reward function's mean and standard deviation
 (over the completions it scored), the total reward's (over the scorable completions, as TRL's `reward`), the share
-of groups that give no signal (their scorable rewards all equal, or none scorable), completion length (mean,
-longest, share cut at --max-new-tokens). Per micro-batch, summed over processes when a line is written: the share
-of completion tokens whose ratio was clipped (below, above), the KL to the reference (--kl-beta), and the share of
-the time since the last line spent on rollouts (`generating`), and its parts (`time_generate`: the model's generate,
-`time_tools`: the tools' calls, `time_rewards`: the reward functions, `time_logps`: the old and reference
-log-probabilities, each a share of the line's time). And what the reward functions logged with log_metric, each under
-its own name: the mean of each rollout's mean over its calls on every process (as TRL), over the line's rollouts.
-The time and tool figures are the causal-LM base's (causal_lm/figures.py), which distill shares."""
+of groups that give no signal (their scorable rewards all equal, or none scorable). Per micro-batch, summed over
+processes when a line is written: the share of completion tokens whose ratio was clipped (below, above), the KL to
+the reference (--kl-beta). And what the reward functions logged with log_metric, each under its own name: the mean
+of each rollout's mean over its calls on every process (as TRL), over the line's rollouts. The completion length
+(mean, longest, share cut at --max-new-tokens), the tool figures and the time figures are the causal-LM base's
+(causal_lm/figures.py), which distill shares: `generating`, the share of the time since the last line spent on
+rollouts, and its parts (`time_generate`: the model's generate, `time_tools`: the tools' calls, and grpo's own
+`time_rewards`: the reward functions, `time_logps`: the old and reference log-probabilities, each a share of the
+line's time)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ import math
 
 import torch
 
-from ..causal_lm.figures import TOOLS, RolloutFigures
+from ..causal_lm.figures import LENGTHS, TOOLS, RolloutFigures
 from ..causal_lm.figures import mean as _mean
 from ..causal_lm.figures import std as _std
 
-PHASES = ("generate", "tools", "rewards", "logps")  # where a rollout's time goes: time_PHASE, shares of the line's
+PHASES = (*RolloutFigures.PHASES, "rewards", "logps")  # where a rollout's time goes: time_PHASE, shares of the line's
 LOOP_KEYS = ("kind", "split", "step", "epoch", "loss", "lr", "samples_per_s", "tokens_per_s", "skipped_steps")
-OWN = ("reward", "reward_std", "flat_groups", "completion_length", "completion_length_max", "truncated",
-       "clipped_low", "clipped_high", "kl", "generating", *TOOLS, *(f"time_{p}" for p in PHASES))  # fmt: skip
+OWN = ("reward", "reward_std", "flat_groups", *LENGTHS, "clipped_low", "clipped_high", "kl", "generating", *TOOLS,
+       *(f"time_{p}" for p in PHASES))  # fmt: skip
 
 
 def reserved(names: list[str]) -> frozenset[str]:
@@ -37,34 +38,28 @@ class Figures(RolloutFigures):
     def __init__(self) -> None:
         super().__init__()
         self.rollout: torch.Tensor | None = None  # summed over the rollouts since the last line, every process's
-        self.longest = 0.0
         self.step = torch.zeros(4, dtype=torch.float64)  # this process's clipped low, high, KL, tokens
         self.names = [""]
         self.logged: list[dict[str, tuple[float, int]]] = []  # per rollout: this process's log_metric sums, counts
 
-    def add_rollout(
-        self, accelerator, table: torch.Tensor, reward: torch.Tensor, done, generations: int, names, logged: dict
-    ) -> None:
-        """Sums over the rollout's completions on every process (one all-reduce, one gather for the longest);
-        `logged`: this process's log_metric values, reduced when the line is written."""
+    def add_rollout(self, accelerator, table: torch.Tensor, reward: torch.Tensor, generations: int, names,
+                    logged: dict) -> None:  # fmt: skip
+        """Sums over the rollout's rewards on every process (one all-reduce); `logged`: this process's log_metric
+        values, reduced when the line is written."""
         self.names = names
         self.logged.append({name: (math.fsum(values), len(values)) for name, values in logged.items()})
         seen = ~table.isnan()
         values = table.nan_to_num(0.0)
-        lengths = done.completion.sum(1).double()
         scored = ~reward.isnan()
         rewards = reward.nan_to_num(0.0)
         local = torch.cat([
             values.sum(0), (values**2).sum(0), seen.double().sum(0),
             torch.stack([rewards.sum(), (rewards**2).sum(), scored.double().sum(),
-                         lengths.sum(), done.truncated.double().sum(), flat_groups(reward, generations).sum(),
-                         torch.tensor(float(len(reward) // generations), device=reward.device),
-                         torch.tensor(float(len(reward)), device=reward.device)]),
+                         flat_groups(reward, generations).sum(),
+                         torch.tensor(float(len(reward) // generations), device=reward.device)]),
         ]).double()  # fmt: skip
         summed = accelerator.reduce(local, "sum").cpu()
         self.rollout = summed if self.rollout is None else self.rollout + summed
-        longest = accelerator.gather(lengths.max().view(1)).max().item()
-        self.longest = max(self.longest, longest)
 
     def add_step(self, stats: dict, tokens: torch.Tensor) -> None:
         for k, name in enumerate(("clipped_low", "clipped_high", "kl")):
@@ -82,18 +77,14 @@ class Figures(RolloutFigures):
         for j, name in enumerate(self.names):
             out[f"reward_{name}"] = _mean(r[j], r[2 * k + j])
             out[f"reward_{name}_std"] = _std(r[j], r[k + j], r[2 * k + j])
-        completions = r[3 * k + 7]  # all of them (r[3 * k + 2]: the scorable ones)
-        out.update(
-            flat_groups=_mean(r[3 * k + 5], r[3 * k + 6]), completion_length=_mean(r[3 * k + 3], completions),
-            completion_length_max=self.longest, truncated=_mean(r[3 * k + 4], completions),
-            clipped_low=_mean(step[0], step[3]), clipped_high=_mean(step[1], step[3]),
-        )  # fmt: skip
+        out.update(flat_groups=_mean(r[3 * k + 3], r[3 * k + 4]), **self.length_figures(),
+                   clipped_low=_mean(step[0], step[3]), clipped_high=_mean(step[1], step[3]))  # fmt: skip
         if step[2] != 0:
             out["kl"] = _mean(step[2], step[3])
         out.update(self.time_figures())
         out.update(self.logged_means(accelerator))
         out.update(self.tool_figures())
-        self.rollout, self.longest, self.step = None, 0.0, torch.zeros(4, dtype=torch.float64)
+        self.rollout, self.step = None, torch.zeros(4, dtype=torch.float64)
         self.logged = []
         self.start()
         return out

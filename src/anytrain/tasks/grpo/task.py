@@ -4,7 +4,9 @@
 completion with the --reward functions (tasks/grpo/rewards.py), turns the rewards into advantages within each
 prompt's group (its mean, or RLOO's leave-one-out baseline), and trains on the completions' tokens with the clipped
 importance ratio (tasks/grpo/loss.py), in --grad-accum-steps micro-batches, for --grpo-iterations steps per rollout.
-The loop is the one every task trains through: this task's step (`train_step`) is what differs.
+The loop is the one every task trains through: this task's step (`train_step`) is what differs; what it shares with
+distill (the rollout slots, sampling, holding a rollout across its micro-steps, the time, length and tool figures, the
+completions table's upkeep, the start-up line) is the base's (tasks/causal_lm/sampled.py).
 
 Validation and test: each held-out prompt answered once by sampling (its own key, the run's temperature) and once
 greedily; `reward` and `greedy_reward` are their mean rewards. There is no evaluation loss (goals name none): the
@@ -16,7 +18,6 @@ their loss. The best weights are those of the best validation reward. The model 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,25 +27,19 @@ from torch import nn
 from ...best import HIGHER
 from ...config import ConfigError, TrainConfig
 from ...data.splits import Splits
-from ...shape import DataShape
-from ..causal_lm.environment import load_environment
-from ..causal_lm.generation import Completions, completion_keys
-from ..causal_lm.logprobs import bare, completion_logps, shares_prompts
+from ..causal_lm.generation import Completions
+from ..causal_lm.logprobs import bare, completion_logps
 from ..causal_lm.prompt_rows import Prompts, is_prompts
 from ..causal_lm.reference import Reference
-from ..causal_lm.rollout import Rollouts
-from ..causal_lm.task import CausalLM
-from ..causal_lm.tools import load_tools
-from ..causal_lm.turns import Conversation, counts
+from ..causal_lm.sampled import SampledCausalLM
+from ..causal_lm.slots import Slot
+from ..causal_lm.turns import Conversation
 from ..contract import RunContext
 from . import loss as objective
 from .completions import CompletionsTable, taken
 from .figures import Figures, reserved
 from .options import RLOO_DEFAULTS, GRPOOptions
-from .prompts import RolloutSlots, Slot
 from .rewards import RewardCall, TrainerState, environment_reward, load_rewards, scores, total
-
-SPLIT_KEYS = {"train": 0, "validation": 1, "test": 2}
 
 
 @dataclass
@@ -59,19 +54,15 @@ class Rollout:
     ref: torch.Tensor | None
     share: float
 
-    def micro_batch(self, k: int, count: int) -> torch.Tensor:
-        """The rows of micro-batch k of `count`: the completions split as evenly as they go."""
-        return torch.tensor_split(torch.arange(len(self.advantages)), count)[k]
 
-
-class GroupRelative(CausalLM):
+class GroupRelative(SampledCausalLM[Rollout]):
     name = "grpo"
     goals = {"reward": HIGHER, "greedy_reward": HIGHER}  # no "loss": it evaluates by generating, not by a loss
     headline = "reward"
-    offers = frozenset({"export", "sample", "lora"})
     options = GRPOOptions
-    targets_to_model = False  # the completions are scored, not given as labels
-    step_shares = False  # its step divides by the rollout's own count (tasks/grpo/loss.py), known once it is generated
+    figures_type, table_type = Figures, CompletionsTable  # its table: run_dir/completions.jsonl (completions.py)
+    figures: Figures
+    table: CompletionsTable
 
     @classmethod
     def detect(cls, source) -> str | None:
@@ -91,9 +82,8 @@ class GroupRelative(CausalLM):
 
     @classmethod
     def check_settled(cls, cfg: TrainConfig, reason: str) -> None:
-        o = cfg.section(cls.name)
-        load_tools(o.tools)  # each tool, function and environment found and checked before any data is read
-        owned = environment_reward(load_environment(o.environment)) if o.environment else None
+        o, engine = cfg.section(cls.name), cls.loaded_engine(cfg)
+        owned = environment_reward(engine.environment) if engine.environment else None
         load_rewards(o.reward, o.reward_weights, owned)
         if o.advantage == "rloo" and not o.kl_bias_correction:
             raise ConfigError("--no-kl-bias-correction: with --advantage rloo the KL is in the reward, not the loss")
@@ -105,82 +95,51 @@ class GroupRelative(CausalLM):
 
     def __init__(self, cfg: TrainConfig):
         super().__init__(cfg)
-        self.o = cfg.section(self.name)
         self.rewards: list = []  # the --reward functions (load_data; check_settled refused the run without one)
-        self.rollout: Rollout | None = None
-        self.figures = Figures()
-        self.table = CompletionsTable()  # run_dir/completions.jsonl (tasks/grpo/completions.py)
         self.state: TrainerState | None = None  # the last training rollout's (what evaluation's rewards get)
-        self.steps_per_epoch = 1  # optimizer steps per epoch (load_data)
         lora = bool(cfg.model.lora_r)  # --kl-beta: the starting model, frozen, or with LoRA the model adapter off
         self.reference = Reference(("adapter" if lora else "live") if self.o.kl_beta > 0 else "none")
-        self.last_counts = (0, 0)  # the last micro-batch's completions and completion tokens
         self.device = torch.device("cpu")  # the run's (on_run_start)
-        self.engine = Rollouts(cfg, self.o)  # the prompts, tools, environment; generate (causal_lm/rollout.py)
 
     # --------------------------------------------------------------------------- data and model
     def load_data(self, given=None) -> Splits:
-        from ... import hf
-
-        engine = self.engine
-        engine.load()
-        owned = environment_reward(engine.environment) if engine.environment else None
+        """The prompts and their columns, as the rewards are given them; a rollout: --batch-size prompts per process,
+        trained for --grpo-iterations steps."""
+        self.engine.load()
+        owned = environment_reward(self.engine.environment) if self.engine.environment else None
         self.rewards = load_rewards(self.o.reward, self.o.reward_weights, owned)
         self.read_model()
-        positions = hf.max_positions(self.model_config) or self.cfg.data.max_length + self.o.max_new_tokens
-        source, chats = engine.read(self.tokenizer, positions, given, self.stops_for)
-        rows = engine.prompts  # {split: PromptRows}: the prompts and their columns, as the rewards are given them
-        train = RolloutSlots(rows["train"], self.cfg, self.run.processes)
-        self.steps_per_epoch = train.rollouts * self.o.grpo_iterations
-        shape = DataShape(
-            "tokens", vocab_size=len(self.tokenizer), max_length=positions, pad_id=self.tokenizer.pad_token_id
-        )
-        facts = {"tokenizer": f"{type(self.tokenizer).__name__} (the model's own)", "train_prompts": len(rows["train"]),
-                 "prompt_format": "chats" if chats else "text", "train_rollouts_per_epoch": train.rollouts}  # fmt: skip
-        self.data = Splits.of({**rows, "train": train}, shape, source, input_columns=["prompt"], facts=facts,
-                              tokenizer=self.tokenizer)  # fmt: skip
-        return self.data
+        per_epoch = "train_rollouts_per_epoch"
+        positions = self.model_positions(self.model_config)
+        return self.read_prompts(given, positions, self.cfg.optim.batch_size, self.o.grpo_iterations, per_epoch)
 
     def after_check(self) -> None:
-        """The start-up check ran one rollout and step: none of it counts (its rollout, figures, table rows)."""
-        self.rollout, self.state, self.last_counts = None, None, (0, 0)
-        self.figures = Figures()  # a new window, its clock started now
-        self.table.forget()
+        """The start-up check ran one rollout and step: none of it counts (its rollout, figures, table rows, the
+        trainer state the reward functions were given)."""
+        super().after_check()
+        self.state = None
 
     def on_run_start(self, ctx: RunContext) -> None:
-        """The start-up line; with --kl-beta and full fine-tuning, a frozen copy of the starting model."""
+        """With --kl-beta and full fine-tuning, a frozen copy of the starting model; the start-up line."""
         self.device = ctx.accelerator.device
         self.reference.start(ctx)
-        names = ", ".join(f"{r.name} (x{r.weight:g})" for r in self.rewards)
-        shared = self.sharing(ctx)
-        ctx.accelerator.print(
-            f"anytrain: grpo: {self.o.num_generations} completions per prompt, {self.cfg.optim.batch_size} prompts per "
-            f"process and step, {self.o.grpo_iterations} step(s) per rollout; loss {self.o.grpo_loss}, advantages "
-            f"{self.o.advantage} scaled by {self.o.scale_rewards}{', normalised' * self.o.normalize_advantages}, "
-            f"ratio per {self.o.importance}, KL weight {self.o.kl_beta:g}"
-            f"{' (in the reward)' * (self.o.advantage == 'rloo')}; rewards: {names}; prompts: {shared}"
-        )
-        if limits := self.engine.limits():
-            ctx.accelerator.print(limits)
-        self.figures.start()
-        self.table.start(ctx.run_dir, ctx.accelerator.is_main_process)
+        super().on_run_start(ctx)
 
-    def sharing(self, ctx: RunContext) -> str:
-        """--share-prompts: whether generate and the log-probabilities may read a group's prompt once, checked on the
-        model (tasks/causal_lm/logprobs.py); what the start-up line says of it."""
-        if not self.o.share_prompts:
-            return "each row whole (--no-share-prompts)"
-        self.engine.shared, why = shares_prompts(ctx.forward, ctx.model)
-        return why if self.engine.shared is not None else f"each row whole, as {why}"
+    def described(self) -> str:
+        """What the start-up line says of the rollout, the loss and the rewards."""
+        o, names = self.o, ", ".join(f"{r.name} (x{r.weight:g})" for r in self.rewards)
+        return (
+            f"{o.num_generations} completions per prompt, {self.cfg.optim.batch_size} prompts per process and step, "
+            f"{o.grpo_iterations} step(s) per rollout; loss {o.grpo_loss}, advantages {o.advantage} scaled by "
+            f"{o.scale_rewards}{', normalised' * o.normalize_advantages}, ratio per {o.importance}, KL weight "
+            f"{o.kl_beta:g}{' (in the reward)' * (o.advantage == 'rloo')}; rewards: {names}"
+        )
 
     # --------------------------------------------------------------------------- the step
     def train_step(self, ctx: RunContext, slot: Slot) -> torch.Tensor:
         """The rollout at the first micro-batch of its first step; then this micro-batch's completions trained (which
         of the step's micro-batches it is: ctx.micro of ctx.micro_batches)."""
-        if self.rollout is None or (slot.iteration == 0 and ctx.micro == 0):
-            self.rollout = self.roll_out(ctx, slot)
-        rollout = self.rollout
-        index = rollout.micro_batch(ctx.micro, ctx.micro_batches)
+        rollout, index = self.held(ctx, slot)
         rows = rollout.rows.rows(index)
         logps = completion_logps(ctx.forward, rows, self.o.temperature, self.engine.shared)
         old = logps.detach() if rollout.old is None else rollout.old[index]
@@ -198,15 +157,8 @@ class GroupRelative(CausalLM):
 
     def roll_out(self, ctx: RunContext, slot: Slot) -> Rollout:
         """Generate, score, advantages, the step's count; the old and reference log-probabilities where needed."""
-        accelerator, started = ctx.accelerator, time.perf_counter()
-        model = accelerator.unwrap_model(ctx.model)
-        rows = torch.tensor(slot.rows)
-        keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS["train"], slot.epoch, rows, self.o.num_generations)
-        with accelerator.autocast(), self.figures.timed("generate"):
-            done, talks = self.engine.complete(model, "train", slot.rows, self.o.num_generations, keys)
-        waited = sum(talk.waited for talk in talks or [])  # the tools' share of it
-        self.figures.phases["generate"] -= waited
-        self.figures.phases["tools"] += waited
+        accelerator, model = ctx.accelerator, ctx.accelerator.unwrap_model(ctx.model)
+        done, talks = self.complete(ctx, slot, self.o.num_generations)
         call = self.reward_call(self.trainer_state(ctx.step))
         with self.figures.timed("rewards"):
             table, args = self.score(done, slot.rows, "train", call=call, talks=talks)
@@ -218,16 +170,12 @@ class GroupRelative(CausalLM):
             ref = self.reference_logps(model, done) if self.o.kl_beta > 0 else None
         advantage = self.advantages(accelerator, reward, keep, old, ref)
         old = old if self.o.grpo_iterations > 1 else None  # one step per rollout: the policy itself, detached
-        count = accelerator.reduce(objective.step_count(keep, self.o.grpo_loss, self.o.max_new_tokens), "sum")
-        share = count.item() / (accelerator.num_processes * self.cfg.optim.grad_accum_steps) or 1.0
+        share = self.step_share(accelerator, objective.step_count(keep, self.o.grpo_loss, self.o.max_new_tokens))
         names = [r.name for r in self.rewards]
         self.figures.add_rollout(
-            accelerator, table.to(accelerator.device), reward, done, self.o.num_generations, names, call.metrics
+            accelerator, table.to(accelerator.device), reward, self.o.num_generations, names, call.metrics
         )
         self.table.add(ctx.step, args, table, names, reward.cpu(), advantage.cpu(), call.extra)
-        if talks is not None:
-            self.figures.add_tools(accelerator, counts(talks), len(talks))
-        self.figures.generating += time.perf_counter() - started
         return Rollout(done, advantage, keep, old, ref, share)
 
     def advantages(self, accelerator, reward: torch.Tensor, keep: torch.Tensor, old, ref) -> torch.Tensor:
@@ -315,36 +263,14 @@ class GroupRelative(CausalLM):
         rows = Completions(t["ids"], t["mask"], t["positions"], t["completion"], t["truncated"], int(t["width"]))
         self.rollout = Rollout(rows, t["advantages"], t["keep"], t.get("old"), t.get("ref"), float(t["share"]))
 
-    # --------------------------------------------------------------------------- the counts
-    def batch_counts(self, batch) -> tuple[int, int]:
-        """The completions and completion tokens this micro-batch trained on."""
-        return getattr(self, "last_counts", (0, 0))
-
-    def rates(self, samples: int, tokens: int, seconds: float) -> dict:
-        if seconds <= 0:
-            return {"samples_per_s": None, "tokens_per_s": None}
-        return {"samples_per_s": samples / seconds, "tokens_per_s": tokens / seconds}
-
-    def train_figures(self, accelerator) -> dict:
-        """The figures since the last line; the completions table's rows written, handed to the trackers that take
-        tables, two of them printed (main process)."""
-        from tqdm.auto import tqdm
-
-        figures = self.figures.take(accelerator)
-        shown = self.table.flush(accelerator.trackers)
-        if shown:
-            tqdm.write("\n".join(shown))
-        return figures
-
     # --------------------------------------------------------------------------- evaluation
     def eval_batch(self, model: nn.Module, batch: Prompts, forward: Callable) -> dict:
         """Each prompt answered once by sampling (its own key) and once greedily: their rewards."""
         from ..causal_lm.generation import unwrapped
 
         split, rows = batch.split, batch.rows
-        keys = completion_keys(self.cfg.run.seed, SPLIT_KEYS[split], 0, torch.tensor(rows), 1)
         stats = {}
-        for name, k in (("reward", keys), ("greedy_reward", None)):
+        for name, k in (("reward", self.keys(split, 0, rows, 1)), ("greedy_reward", None)):
             done, talks = self.engine.complete(unwrapped(model), split, rows, 1, k)
             reward = total(self.score(done, rows, split, 1, talks=talks)[0], self.rewards).to(self.device)
             stats[name], stats[f"{name}_scored"] = reward.nan_to_num(0.0), (~reward.isnan()).double()
