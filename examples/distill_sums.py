@@ -3,13 +3,16 @@ either on-policy (`--task distill`: the student writes its own answers, the teac
 every token) or offline (the same student SFT'd on the teacher's own sampled answers), at equal steps, each scored on
 held-out sums.
 
+The sums are the bundled ones with every number --digits wide (sums.py's `digits`; 0: the bundled 4 to 6): a
+model this small learns to copy digits that sit at fixed distances, not digits it must find by their content.
 Every run is an anytrain run (anytrain.train, in this process) in OUT/NAME, its log in OUT/NAME.log:
-    teacher    a tiny chat Llama (--teacher-width x --teacher-layers), SFT'd on the bundled `tool-sums` chats (a sum,
-               the add call, the tool's answer, the reply) for --teacher-steps
-    student    a smaller one (--student-width x --student-layers), the same tokenizer, untrained: both branches start
-               from it
-    on-policy  --task distill --teacher hf:OUT/teacher/hf on the first --steps x --batch prompts of the bundled
-               `sum-questions`, with the add tool: --steps steps of --batch prompts, each answered once by the student
+    teacher    a tiny chat Llama (--teacher-width x --teacher-layers), SFT'd on the `tool-sums` chats (a sum, the add
+               call, the tool's answer, the reply) for --teacher-steps
+    student    a smaller one (--student-width x --student-layers), the same tokenizer, SFT'd on the same chats for
+               --student-steps (0: untrained): a student that already answers in the tool's form, as one distils in
+               practice; both branches start from it
+    on-policy  --task distill --teacher hf:OUT/teacher/hf on the first --steps x --batch prompts of `sum-questions`,
+               with the add tool: --steps steps of --batch prompts, each answered once by the student
     offline    the teacher answers the same prompts once each (anytrain's rollout engine, sampled at the same
                temperature, the tool called and answered as in training); --task sft on those conversations for the
                same --steps steps of --batch chats, the same learning rate
@@ -21,9 +24,9 @@ add with the question's two numbers (right call). It prints a table and writes O
     python examples/distill_sums.py --out runs/distill_sums
     python examples/distill_sums.py --quick --out runs/distill_sums_quick     # seconds: the tests' size
 
-docs/examples.md gives its figures: at its default size no model answers a sum right, the teacher included (they
-learn the tool's form, not to copy digits), and SFT on the teacher's samples teaches the form where 100 steps of
-on-policy distillation from the untrained student do not.
+docs/examples.md gives its figures: the teacher answers most held-out sums, no student does in either
+branch; on-policy distillation keeps the student's well-formed calls where SFT on the teacher's sampled answers, a
+third of them malformed, teaches the student to break its calls.
 
 The models' chat template is the tests' tool template (tests/hfmodels.py, Qwen 2.5's layout) with the tools block
 cut to the tools' names ("Tools: add"): the JSON schema would be ~300 of the ~500 tokens of a chat, which the models
@@ -74,17 +77,20 @@ def build(folder: Path, width: int, layers: int, seed: int) -> Path:
     return folder
 
 
-def training_prompts(count: int) -> list[dict]:
+def training_prompts(count: int, digits: int | None) -> list[dict]:
     """The first `count` bundled sum-questions (prompt: the user's question; answer)."""
-    return sums.load_sum_questions().select(range(count)).to_list()
+    return sums.load_sum_questions(digits=digits).select(range(count)).to_list()
 
 
-def held_out(count: int) -> list[dict]:
+def held_out(count: int, digits: int | None) -> list[dict]:
     """`count` sums asked neither in the chats nor in the questions."""
-    seen = {r["messages"][0]["content"] for r in sums.rows()}
-    seen |= {r["messages"][0]["content"] for r in sums.rows(seed=sums.SEED + 1)}
-    fresh = [r for r in sums.rows(2 * count, HELDOUT_SEED) if r["messages"][0]["content"] not in seen]
-    return [{"prompt": r["messages"][:1], "answer": r["answer"]} for r in fresh[:count]]
+    seen = {r["messages"][0]["content"] for r in sums.rows(digits=digits)}
+    seen |= {r["messages"][0]["content"] for r in sums.rows(seed=sums.SEED + 1, digits=digits)}
+    fresh: dict[str, dict] = {}  # the first `count` distinct ones (2 digits: 8,100 sums, most of them seen)
+    for row in sums.rows(20 * count, HELDOUT_SEED, digits):
+        if len(fresh) < count and row["messages"][0]["content"] not in seen:
+            fresh.setdefault(row["messages"][0]["content"], row)
+    return [{"prompt": r["messages"][:1], "answer": r["answer"]} for r in fresh.values()]
 
 
 # --------------------------------------------------------------------------- answering: the rollout engine
@@ -165,11 +171,25 @@ def teach_teacher(args: argparse.Namespace) -> dict:
     if args.reuse_teacher and (out / "hf" / "config.json").exists():
         return {**json.loads((out / "summary.json").read_text()), "seconds": 0.0}
     model = build(args.out / "teacher-init", args.teacher_width, args.teacher_layers, seed=1)
-    chats = sums.load_tool_sums()
-    data = chats.select(range(args.teacher_chats)) if args.teacher_chats < len(chats) else "tool-sums"
-    return train(out, model=f"hf:{model}", dataset=data, batch_size=args.teacher_batch,
-                 max_steps=args.teacher_steps, lr=args.teacher_lr, max_length=POSITIONS, seed=args.seed,
-                 val_fraction=0.005, test_fraction=0.005)  # fmt: skip
+    return sft_on_sums(out, model, args, args.teacher_steps, args.teacher_batch, args.teacher_lr)
+
+
+def sft_on_sums(out: Path, model: Path, args: argparse.Namespace, steps: int, batch: int, lr: float) -> dict:
+    """`model` SFT'd on the first --teacher-chats tool-sums chats (at --digits) into `out`."""
+    chats = sums.load_tool_sums(args.digits)
+    data = chats.select(range(args.teacher_chats)) if args.teacher_chats < len(chats) else chats
+    return train(out, model=f"hf:{model}", dataset=data, batch_size=batch, max_steps=steps, lr=lr,
+                 max_length=POSITIONS, seed=args.seed, val_fraction=0.005, test_fraction=0.005)  # fmt: skip
+
+
+def start_student(args: argparse.Namespace) -> tuple[Path, dict]:
+    """The student both branches start from: built untrained (--student-steps 0), or then SFT'd on the same chats
+    as the teacher for --student-steps (a student that already writes answers of the right kind)."""
+    student = build(args.out / "student-init", args.student_width, args.student_layers, seed=2)
+    if not args.student_steps:
+        return student, {}
+    run = sft_on_sums(args.out / "student", student, args, args.student_steps, args.teacher_batch, args.teacher_lr)
+    return args.out / "student" / "hf", run
 
 
 def on_policy(args: argparse.Namespace, student: Path, prompts: list[dict]) -> dict:
@@ -228,7 +248,7 @@ def offline(args: argparse.Namespace, student: Path, prompts: list[dict]) -> dic
 # --------------------------------------------------------------------------- the study
 STAGES = {  # row name: (the folder scored, what trained it)
     "teacher": ("teacher/hf", "SFT on tool-sums"),
-    "student, untrained": ("student", "none"),
+    "student, start": ("student/hf", "{start}"),
     "student, on-policy distilled": ("on-policy/hf", "--task distill, beta {beta}"),
     "student, SFT on the teacher's samples": ("offline/hf", "--task sft on the teacher's answers"),
 }
@@ -241,7 +261,7 @@ def table(results: dict) -> str:
         s, run = results["scores"][name], results["runs"].get(name, {})
         cells = [f"{s[k]:.3f}" for k in ("right", "called", "well_formed", "right_call")]
         steps, secs = run.get("optimizer_steps", 0), run.get("seconds", 0.0)
-        how = how.format(beta=results["args"]["beta"])
+        how = how.format(beta=results["args"]["beta"], start="SFT on tool-sums" if run else "none")
         lines.append(f"| {name} | {results['parameters'][name]:,} | {how} | {steps} | " + " | ".join(cells)
                      + f" | {secs:.0f} |")  # fmt: skip
     return "\n".join(lines)
@@ -257,14 +277,17 @@ def study(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     runs = {"teacher": teach_teacher(args)}
-    student = build(args.out / "student", args.student_width, args.student_layers, seed=2)
-    prompts = training_prompts(args.steps * args.batch)
+    student, runs["student, start"] = start_student(args)
+    prompts = training_prompts(args.steps * args.batch, args.digits)
     runs["student, on-policy distilled"] = on_policy(args, student, prompts)
     runs["student, SFT on the teacher's samples"] = offline(args, student, prompts)
-    rows = held_out(args.heldout)
-    scores = {name: measured(answer_all(args.out / folder, rows, None, args.max_new_tokens), rows)
-              for name, (folder, _) in STAGES.items()}  # fmt: skip
-    sizes = {name: parameters(args.out / folder) for name, (folder, _) in STAGES.items()}
+    rows = held_out(args.heldout, args.digits)
+    folders = {name: student if name == "student, start" else args.out / folder
+               for name, (folder, _) in STAGES.items()}  # fmt: skip
+    scores = {
+        name: measured(answer_all(folder, rows, None, args.max_new_tokens), rows) for name, folder in folders.items()
+    }
+    sizes = {name: parameters(folder) for name, folder in folders.items()}
     return {
         "args": {k: str(v) for k, v in vars(args).items()},
         "runs": runs,
@@ -285,6 +308,7 @@ QUICK = dict(
     teacher_lr=1e-2,
     student_width=32,
     student_layers=1,
+    student_steps=10,
     steps=3,
     batch=4,
     heldout=8,
@@ -297,13 +321,22 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="the tests' size: tiny models, a few steps (seconds)")
     p.add_argument("--teacher-width", type=int, default=128)
     p.add_argument("--teacher-layers", type=int, default=4)
-    p.add_argument("--teacher-steps", type=int, default=300, help="SFT steps of the teacher on tool-sums")
+    p.add_argument(
+        "--digits", type=int, default=4, help="the width of every number of the sums (0: the bundled 4 to 6)"
+    )
+    p.add_argument("--teacher-steps", type=int, default=800, help="SFT steps of the teacher on tool-sums")
     p.add_argument("--teacher-batch", type=int, default=16)
     p.add_argument("--teacher-chats", type=int, default=sums.ROWS, help="the first N of the tool-sums chats")
     p.add_argument("--teacher-lr", type=float, default=3e-3)
     p.add_argument("--reuse-teacher", action="store_true", help="keep OUT/teacher where it is already trained")
-    p.add_argument("--student-width", type=int, default=64)
+    p.add_argument("--student-width", type=int, default=128)
     p.add_argument("--student-layers", type=int, default=2)
+    p.add_argument(
+        "--student-steps",
+        type=int,
+        default=300,
+        help="SFT steps of the student on the teacher's chats before both branches (0: untrained)",
+    )
     p.add_argument("--steps", type=int, default=100, help="optimizer steps of each branch")
     p.add_argument("--batch", type=int, default=8, help="prompts (on-policy) or chats (offline) per step")
     p.add_argument("--lr", type=float, default=3e-3, help="both branches' learning rate")
@@ -313,7 +346,9 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     if p.parse_known_args(argv)[0].quick:  # its sizes are the defaults: a flag given still wins
         p.set_defaults(**QUICK)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.digits = args.digits or None
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -39,10 +39,12 @@ def test_both_branches_train_the_same_steps_on_the_same_prompts_from_the_same_st
     on, off = results["runs"]["student, on-policy distilled"], results["runs"]["student, SFT on the teacher's samples"]
     assert on["task"] == "distill" and off["task"] == "sft"
     assert on["optimizer_steps"] == off["optimizer_steps"] == args.steps
-    assert on["model"] == off["model"] == f"hf:{out / 'student'}"
+    assert on["model"] == off["model"] == f"hf:{out / 'student' / 'hf'}"  # the student SFT'd --student-steps
+    assert results["runs"]["student, start"]["optimizer_steps"] == args.student_steps > 0
     assert on["train_prompts"] == off["train_samples"] == args.steps * args.batch == results["prompts"]
     assert on["train_steps_per_epoch"] == args.steps  # each prompt once
-    asked = [r["prompt"] for r in example.training_prompts(args.steps * args.batch)]
+    asked = [r["prompt"] for r in example.training_prompts(args.steps * args.batch, args.digits)]
+    assert args.digits == 4 and all(len(p[0]["content"]) == len("What is 1234 + 5678?") for p in asked)
     samples = [json.loads(line) for line in (out / "teacher-samples.jsonl").read_text().splitlines()]
     assert [s["messages"][:1] for s in samples] == asked  # the teacher answered each training prompt once
     assert all(m["role"] in ("assistant", "tool") for s in samples for m in s["messages"][1:])
@@ -54,20 +56,21 @@ def test_both_branches_train_the_same_steps_on_the_same_prompts_from_the_same_st
 def test_the_teacher_learnt_the_tools_form_and_the_table_has_every_row(study, capsys):
     example, results, _ = study
     scores = results["scores"]
-    assert scores["teacher"]["called"] > scores["student, untrained"]["called"]  # measured 1.0 against 0.0
+    assert scores["teacher"]["called"] > 0.5
     assert list(scores) == list(example.STAGES) and len(example.STAGES) == 4
-    assert results["parameters"]["teacher"] > 2 * results["parameters"]["student, untrained"]
+    assert results["parameters"]["teacher"] > 2 * results["parameters"]["student, start"]
     printed = example.table(results)
     for name in example.STAGES:
         assert f"| {name} | " in printed
     assert printed.count("\n") == 5  # the head, its rule, four rows
 
 
-def test_the_held_out_sums_are_asked_in_neither_set():
+@pytest.mark.parametrize("digits", [None, 2, 4])
+def test_the_held_out_sums_are_asked_in_neither_set(digits):
     example = recipe()
-    asked = {r["prompt"][0]["content"] for r in example.held_out(300)}
-    seen = {r["messages"][0]["content"] for r in sums.rows()}
-    seen |= {r["prompt"][0]["content"] for r in sums.load_sum_questions()}
+    asked = {r["prompt"][0]["content"] for r in example.held_out(300, digits)}
+    seen = {r["messages"][0]["content"] for r in sums.rows(digits=digits)}
+    seen |= {r["prompt"][0]["content"] for r in sums.load_sum_questions(digits=digits)}
     assert len(asked) == 300 and not asked & seen
 
 

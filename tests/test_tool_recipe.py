@@ -56,6 +56,19 @@ def test_the_tool_template_renders_a_tool_sum_with_its_call_and_the_tools_answer
     assert f"<tool_response>\n{row['answer']}\n</tool_response>" in text and '"name": "add"' in text.split("<tools>")[1]
 
 
+def test_digits_makes_every_number_that_wide_and_leaves_the_bundled_sums_as_they_are():
+    for digits in (2, 4):
+        chats, questions = sums.load_tool_sums(digits), sums.load_sum_questions(200, digits=digits)
+        for text in [r["messages"][0]["content"] for r in chats.select(range(200))] + [
+            r["prompt"][0]["content"] for r in questions
+        ]:
+            assert [len(x) for x in text[len("What is ") : -1].split(" + ")] == [digits, digits]
+        assert all(r["messages"][-1]["content"] == r["answer"] for r in chats.select(range(50)))
+    assert sums.rows(300) == sums.rows(300, digits=None)  # the default: 4 to 6 digits, the same rows
+    widths = {len(x) for r in sums.rows(300) for x in r["messages"][0]["content"][len("What is ") : -1].split(" + ")}
+    assert widths == {4, 5, 6}
+
+
 def test_the_sum_questions_are_prompts_with_their_answers():
     data, _ = read_dataset("sum-questions")
     assert data.column_names == ["prompt", "answer"] and len(data) == sums.ROWS
