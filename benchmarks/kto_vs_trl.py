@@ -2,11 +2,11 @@
 through both, full fine-tuning (anytrain's defaults, a cached reference and its seeded KL pairs over shuffled rows,
 against TRL's default live reference model and its rotated KL pairs over rows in order), anytrain with TRL's pairs and
 order (--kl-pairs trl: the same batches and KL pairs as TRL's) and a live reference, TRL with its precomputed
-reference, and LoRA (both: the model with its adapter off), in interleaved rounds (each round its own seed, the same
-for every variant). Per variant: loop time (the start of training to the end of its last optimizer step, no
-evaluation), the process's peak resident memory, real tokens/s (anytrain), and the held-out reward accuracy and DPO
-loss of the implicit rewards, scored by one function for every trainer's saved model. Needs trl and peft
-(`pip install -e ".[peers]"`): `python benchmarks/kto_vs_trl.py --rounds 3`."""
+reference, and LoRA (both: the model with its adapter off; anytrain also with --mmap-threshold-kb 512), in interleaved
+rounds (each round its own seed, the same for every variant). Per variant: loop time (the start of training to the
+end of its last optimizer step, no evaluation), the process's peak resident memory, real tokens/s (anytrain), and the
+held-out reward accuracy and DPO loss of the implicit rewards, scored by one function for every trainer's saved
+model. Needs trl and peft (`pip install -e ".[peers]"`): `python benchmarks/kto_vs_trl.py --rounds 3`."""
 
 from functools import partial
 from pathlib import Path
@@ -23,6 +23,7 @@ VARIANTS = [  # (name, trainer, kind, extra options: anytrain's flags or trl_kto
     ("trl kto full, precomputed reference", "trl", "full", ["--precompute"]),
     ("anytrain kto lora", "anytrain", "lora", []),
     ("trl kto lora", "trl", "lora", ["--lora"]),
+    ("anytrain kto lora, host blocks of 512 KB mapped apart", "anytrain", "lora", ["--mmap-threshold-kb", "512"]),
 ]
 PAIRS = [  # (what, anytrain's variant, TRL's variant)
     ("KTO full, each trainer's defaults", "anytrain kto full", "trl kto full"),
@@ -30,6 +31,8 @@ PAIRS = [  # (what, anytrain's variant, TRL's variant)
      "trl kto full"),
     ("KTO full, both a precomputed reference", "anytrain kto full", "trl kto full, precomputed reference"),
     ("KTO LoRA", "anytrain kto lora", "trl kto lora"),
+    ("KTO LoRA, anytrain --mmap-threshold-kb 512", "anytrain kto lora, host blocks of 512 KB mapped apart",
+     "trl kto lora"),
 ]  # fmt: skip
 
 

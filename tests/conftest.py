@@ -55,7 +55,8 @@ def pytest_configure(config):
     torch thread then never waits on the other worker, and what a run sees of the machine (--num-workers auto
     gives images a decoding worker only where a core is free) is what it has."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    if worker and 1 < count <= len(CORES):
+    launches = config.getoption("markexpr", "") == "launch"  # their processes share every core, as users' do
+    if worker and 1 < count <= len(CORES) and not launches:
         os.sched_setaffinity(0, {CORES[int(worker.removeprefix("gw")) % len(CORES)]})
     font_cache()
 

@@ -47,6 +47,29 @@ def die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def glibc_mallopt():
+    """glibc's mallopt, or None where the C library is another (macOS, musl)."""
+    libc = ctypes.CDLL(None)
+    return getattr(libc, "mallopt", None) if hasattr(libc, "gnu_get_libc_version") else None
+
+
+def set_host_malloc(cfg: TrainConfig) -> dict:
+    """--mmap-threshold-kb: blocks that large are mapped apart and return to the system when freed. glibc's own
+    threshold rises to the size of each large block freed, so a loop's freed activations stay in its free lists and
+    count in the peak resident memory. Set once, before anything large is allocated."""
+    kb = cfg.run.mmap_threshold_kb
+    if kb:
+        mallopt = glibc_mallopt()
+        if mallopt is None:
+            raise ConfigError(f"--mmap-threshold-kb {kb}: needs glibc's malloc (Linux); this C library has no mallopt")
+        if kb > 32768 or not mallopt(M_MMAP_THRESHOLD, kb * 1024):  # glibc's limit on 64-bit machines: 32 MB
+            raise ConfigError(f"--mmap-threshold-kb {kb}: glibc takes at most 32768 (32 MB) on a 64-bit machine")
+    return {"host_mmap_threshold_kb": kb or None}
+
+
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
     die_with_launcher()
     # accelerate 1.15's optimizer.step() looks for the lomo_optim package twice per step, uncached
@@ -283,4 +306,6 @@ def format_scenario(s: dict) -> str:
             else ""
         )
     )
+    if s.get("host_mmap_threshold_kb"):
+        line += f", host blocks of {s['host_mmap_threshold_kb']} KB or more mapped apart (--mmap-threshold-kb)"
     return "\n".join([line] + [f"anytrain: WARNING: {w}" for w in s["warnings"]])

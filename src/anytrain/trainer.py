@@ -46,7 +46,7 @@ from .optim import build_optimizer, build_scheduler
 from .outputs import WEIGHTS, MetricsLog, peak_memory_bytes, save_weights, weights_fingerprint, write_json
 from .runfolder import check_run_folder, check_writable, start_run_folder
 from .runlock import RunLock, check_not_in_use
-from .scenario import describe, format_scenario, make_accelerator, prepare
+from .scenario import describe, format_scenario, make_accelerator, prepare, set_host_malloc
 from .shares import Weight, epoch_weights, split_as_it_falls
 from .tasks import META_KEY, is_own
 from .tasks.base import (
@@ -248,13 +248,14 @@ def train(cfg: TrainConfig, given: Given | None = None) -> dict:
 
 def _train(cfg: TrainConfig, signals: StopSignals, lock: RunLock, given: Given) -> dict:
     started = time.perf_counter()
+    host = set_host_malloc(cfg)  # before anything large is allocated
     accelerator = make_accelerator(cfg)
     save_what_trains(accelerator)  # a LoRA run's checkpoints: its adapters, not the frozen weights
     if accelerator.device.type == "cpu":
         # Once gradients and Adam's moments get tiny they turn denormal, and x86 computes those in slow
         # microcode: 3x slower steps measured (docs/benchmarks.md). Flushed to zero, accuracy is unchanged.
         torch.set_flush_denormal(True)
-    scenario = describe(accelerator)
+    scenario = describe(accelerator) | host
     accelerator.print(format_scenario(scenario))
     parts = setup(cfg, accelerator, lock, given)
     cfg = parts.cfg  # with the task settled

@@ -360,3 +360,12 @@ class RunConfig:
         bounds=POSITIVE,
         resumable=True,
     )
+    mmap_threshold_kb: int = option(
+        0,
+        "host memory, glibc's malloc (Linux) only: blocks of at least this many KB (1024 bytes) are mapped apart and "
+        "given back to the system when freed instead of kept in malloc's free lists (mallopt M_MMAP_THRESHOLD): a "
+        "lower peak resident memory for some CPU time (docs/kto.md measures 512). 0 = glibc's own threshold, which "
+        "rises as large blocks are freed",
+        bounds=NON_NEGATIVE,
+        resumable=True,
+    )
