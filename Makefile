@@ -31,11 +31,15 @@ lint: install
 # The suite in two speeds (docs/guide.md, Tests). `make check`, the fast one: ruff, then mypy beside every in-process
 # test, i.e. all but those marked `launch` (they start processes; tests/launch_rule.py fails one that is not marked),
 # on CHECK_WORKERS pytest-xdist workers, a file to a worker, each test on one torch thread (tests/conftest.py).
-# `make test`: lint, the same tests, then the launching tests one at a time (each launch keeps every core busy); what CI runs
-# (.ci/run). pytest's exit status 5 (nothing selected, e.g. PYTEST_ARGS names a file without launches) is no failure.
+# `make test`: lint, the same tests, then the launching tests on LAUNCH_WORKERS workers, a file to a worker, their
+# processes on every core (a launch spends much of its time starting processes and importing: 8:43 on two workers,
+# 16:17 one at a time); what CI runs (.ci/run). pytest's exit status 5 (nothing selected, e.g. PYTEST_ARGS names a
+# file without launches) is no failure.
 CHECK_WORKERS ?= 2
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 IN_PROCESS := $(OFFLINE) $(BIN)/python -m pytest -m "not launch" -n $(CHECK_WORKERS) --dist loadfile --no-loadscope-reorder
+LAUNCH_WORKERS ?= 2
+LAUNCHES := $(OFFLINE) $(BIN)/python -m pytest -m launch -n $(LAUNCH_WORKERS) --dist loadfile --no-loadscope-reorder
 # In `make check` mypy runs beside the tests, its report after theirs: without its cache (a clean clone) it reads
 # torch's sources for ~25 s, which beside the tests costs about half that.
 check: install
@@ -47,7 +51,7 @@ check: install
 
 test: lint
 	$(IN_PROCESS) --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(OFFLINE) $(BIN)/python -m pytest -m launch --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(LAUNCHES) --durations=15 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Benchmark (docs/benchmarks.md): interleaved runs, figures in bench_out/ (JSON, PNG, log), and the
 # generated block of docs/benchmarks.md plus docs/benchmarks.png rewritten. BENCH_ARGS="--rounds 1" for a quick look.

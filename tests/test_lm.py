@@ -198,6 +198,11 @@ def test_the_vocabulary_travels_with_the_weights_and_sampling_uses_it(trained, c
         (["--prompt", "héllo wörld"], "--prompt: characters not in the run's vocabulary: 'éö'"),
         (["--prompt", ""], "--prompt must not be empty"),
         (["--temperature", "0"], "--temperature must be positive"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--min-p", "1.5"], "--min-p must be in [0, 1]"),
+        (["--repetition-penalty", "-1"], "--repetition-penalty must be positive"),
+        (["--top-p", "0.9"], "--top-p: the gpt samples as nanoGPT does, with --temperature and --top-k only"),
+        (["--repetition-penalty", "1.2"], "--repetition-penalty: the gpt samples as nanoGPT does"),
     ],
 )
 def test_sampling_bad_input_is_one_line_exit_2(trained, capsys, argv, expected):

@@ -165,6 +165,30 @@ def test_sample_answers_through_the_chat_template(folders, learnt):
     assert ours == tokenizer.decode(out[0, prompt.shape[1] :], skip_special_tokens=True) and ours.strip()
 
 
+def test_sample_filters_as_transformers_does(folders, learnt):
+    """--repetition-penalty is transformers' (greedy answers equal with it, and it changes them: the control); a tight
+    --top-p or --min-p 1 keeps the likeliest token alone, so at temperature 50 the reply is the greedy one, where the
+    bare temperature is not."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, run_dir = learnt
+    question, run = "What is 12 + 5?", str(run_dir)
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "hf").eval()
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "hf")
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    prompt = torch.tensor([prompt["input_ids"] if not isinstance(prompt, list) else prompt])
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    out = model.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=stop, repetition_penalty=3.0)
+    penalised = sample(run, question, tokens=8, top_k=1, seed=0, repetition_penalty=3.0)
+    greedy = sample(run, question, tokens=8, top_k=1, seed=0)
+    assert penalised == tokenizer.decode(out[0, prompt.shape[1] :], skip_special_tokens=True) != greedy
+    hot = [sample(run, question, tokens=8, temperature=50.0, seed=seed) for seed in range(3)]
+    assert all(text != greedy for text in hot)  # the control: at temperature 50 anything goes
+    for seed in range(3):
+        assert sample(run, question, tokens=8, temperature=50.0, seed=seed, top_p=1e-6) == greedy
+        assert sample(run, question, tokens=8, temperature=50.0, seed=seed, min_p=1.0) == greedy
+
+
 def test_the_log_shows_generated_answers(folders, tmp_path, capsys):
     in_process(tmp_path / "run", *args(folders, "--max-steps", "2"))
     out = capsys.readouterr().out

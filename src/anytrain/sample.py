@@ -1,6 +1,7 @@
 """Print text sampled from a trained language-model run:
 
     anytrain sample runs/shakespeare --prompt "ROMEO:" --tokens 300 --temperature 0.8 --top-k 40
+    anytrain sample runs/sft --prompt "What is 12 + 5?" --top-p 0.9 --repetition-penalty 1.1
     python -m anytrain.sample runs/shakespeare
 
 A character or byte vocabulary travels in model.safetensors' metadata with the weights, so the run
@@ -33,7 +34,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="softmax temperature, > 0; lower is more conservative (default: %(default)s)",
     )
     parser.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="sample only within the likeliest tokens whose probabilities sum to p, in (0, 1]; 1 = all "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--top-k", type=int, default=0, help="sample only among the k likeliest tokens; 0 = all (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--min-p",
+        type=float,
+        default=0.0,
+        help="sample only the tokens at least p times as likely as the likeliest, in [0, 1]; 0 = all "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="divide the scores of the tokens already read or written by this (> 0; transformers' "
+        "repetition_penalty); 1 = none (default: %(default)s)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="random seed: the same seed gives the same text (default: %(default)s)"
@@ -54,20 +76,20 @@ def sample(
     top_k: int = 0,
     seed: int = 0,
     device: str = "cpu",
+    *,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
 ) -> str:
     """The prompt followed by `tokens` sampled tokens, decoded, by the run's task. ConfigError on bad input."""
     from .tasks import task_of_run
     from .tasks.contract import sampler
 
     weights = weights_file(run_dir)
-    if tokens < 0 or temperature <= 0 or top_k < 0:
-        bad = (
-            "--tokens must not be negative"
-            if tokens < 0
-            else "--temperature must be positive"
-            if temperature <= 0
-            else "--top-k must not be negative"
-        )
+    settings: dict = {"tokens": tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    settings.update(repetition_penalty=repetition_penalty, seed=seed, device=device)
+    bad = out_of_range(settings)
+    if bad:
         raise ConfigError(bad)
     try:
         _, cfg, meta = read_weights_metadata(weights)
@@ -77,15 +99,29 @@ def sample(
         ) from None
     if not prompt:
         raise ConfigError("--prompt must not be empty")
-    settings = {"tokens": tokens, "temperature": temperature, "top_k": top_k, "seed": seed, "device": device}
     task = sampler(task_of_run(cfg, meta), "run_dir")  # a task that cannot sample says so before the model loads
     return task.sample(load_model(weights), weights.parent, meta, prompt, settings)
+
+
+def out_of_range(settings: dict) -> str | None:
+    """The line that refuses the first setting out of its range, or None."""
+    checks = (
+        (settings["tokens"] < 0, "--tokens must not be negative"),
+        (settings["temperature"] <= 0, "--temperature must be positive"),
+        (not 0 < settings["top_p"] <= 1, "--top-p must be in (0, 1]"),
+        (settings["top_k"] < 0, "--top-k must not be negative"),
+        (not 0 <= settings["min_p"] <= 1, "--min-p must be in [0, 1]"),
+        (settings["repetition_penalty"] <= 0, "--repetition-penalty must be positive"),
+    )
+    return next((line for wrong, line in checks if wrong), None)
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
         args = build_parser().parse_args(argv)
-        print(sample(args.run_dir, args.prompt, args.tokens, args.temperature, args.top_k, args.seed, args.device))
+        filters = {"top_p": args.top_p, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty}
+        print(sample(args.run_dir, args.prompt, args.tokens, args.temperature, args.top_k, args.seed, args.device,
+                     **filters))  # fmt: skip
     except ConfigError as err:
         print(f"anytrain sample: error: {err}", file=sys.stderr)
         sys.exit(2)

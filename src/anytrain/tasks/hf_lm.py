@@ -70,12 +70,13 @@ class HFCausalLM(NextTokenLoss, CausalLM):
         return rows
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
-        """The prompt and what the model writes after it (the causal-LM base's generate: temperature, top-k, the seed
-        the completion's key, stopping at the end-of-text token or an end id of the model's generation config). The
-        prompt keeps its last tokens so that prompt and new tokens fit the model's positions."""
+        """The prompt and what the model writes after it (the causal-LM base's generate: temperature, top-p, top-k,
+        min-p, repetition penalty, the seed the completion's key, stopping at the end-of-text token or an end id of
+        the model's generation config). The prompt keeps its last tokens so that prompt and new tokens fit the
+        model's positions."""
         from ..config import ConfigError
         from ..hf import max_positions, tokenizer_of_run
-        from .causal_lm.generation import Sampling, completion_keys, generate, stop_ids
+        from .causal_lm.generation import Sampling, completion_keys, filters_of, generate, stop_ids
 
         tokenizer, tokens = tokenizer_of_run(folder), settings["tokens"]
         positions = max_positions(model.config) or tokens + 1
@@ -83,9 +84,7 @@ class HFCausalLM(NextTokenLoss, CausalLM):
             raise ConfigError(f"--tokens must be fewer than the model's {positions} positions")
         ids = tokenizer(prompt).input_ids[-(positions - tokens) :]
         stops = stop_ids(tokenizer, cast(Any, model).generation_config.eos_token_id, chats=False)
-        sampling = Sampling(
-            tokens, tuple(stops), tokenizer.pad_token_id, settings["temperature"], top_k=settings["top_k"]
-        )
+        sampling = Sampling(tokens, tuple(stops), tokenizer.pad_token_id, **filters_of(settings))
         key = completion_keys(settings["seed"], 0, 0, torch.tensor([0]), 1)
         done = generate(model.to(settings["device"]), [ids], key, sampling)
         return prompt + tokenizer.decode(done.completion_ids()[0])

@@ -13,7 +13,7 @@ from torch import nn
 
 from ...config import ConfigError
 from ...shape import IGNORE
-from .generation import Sampling, completion_keys, generate, unwrapped
+from .generation import Sampling, completion_keys, filters_of, generate, unwrapped
 from .prompts import prompt_ids
 
 SHOWN = 3  # generations printed after each evaluation
@@ -45,9 +45,7 @@ class Answers:
 
         return cls(tokenizer_of_run(folder), meta["stop_ids"])
 
-    def replies(
-        self, model: nn.Module, prompts: list[list[int]], new_tokens: int, keys=None, temperature=1.0, top_k=0
-    ) -> list[str]:
+    def replies(self, model: nn.Module, prompts: list[list[int]], new_tokens: int, keys=None, **filters) -> list[str]:
         """Each prompt's reply (greedy, or sampled by `keys`), cut at its first stop token, decoded. A prompt keeps
         its last tokens where it and the reply would not fit the model's positions."""
         from ...hf import max_positions
@@ -55,7 +53,7 @@ class Answers:
         positions = max_positions(unwrapped(model).config) or len(max(prompts, key=len)) + new_tokens
         new_tokens = max(1, min(new_tokens, positions - 1))
         prompts = [p[-(positions - new_tokens) :] for p in prompts]
-        sampling = Sampling(new_tokens, tuple(self.stops), self.tokenizer.pad_token_id, temperature, top_k=top_k)
+        sampling = Sampling(new_tokens, tuple(self.stops), self.tokenizer.pad_token_id, **filters)
         done = generate(unwrapped(model), prompts, keys, sampling)
         replies = [ids[:-1] if ids and ids[-1] in self.stops else ids for ids in done.completion_ids()]
         return [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in replies]
@@ -89,8 +87,8 @@ class Answers:
 
     def reply(self, model: nn.Module, prompt: str, chats: bool, settings: dict) -> str:
         """The reply to the prompt, as a user turn in the chat template (`chats`; a text prompt as it is otherwise),
-        sampled (temperature, top-k, up to --tokens tokens; the seed is the completion's key: the same seed, the same
-        reply on any device or batch)."""
+        sampled (temperature, top-p, top-k, min-p, repetition penalty, up to --tokens tokens; the seed is the
+        completion's key: the same seed, the same reply on any device or batch)."""
         from ...hf import max_positions
 
         asked = [{"role": "user", "content": prompt}] if chats else prompt
@@ -99,5 +97,5 @@ class Answers:
         if settings["tokens"] >= positions:
             raise ConfigError(f"--tokens must be fewer than the model's {positions} positions")
         key = completion_keys(settings["seed"], 0, 0, torch.tensor([0]), 1)  # the same seed, the same reply
-        sampling = {"temperature": settings["temperature"], "top_k": settings["top_k"]}
-        return self.replies(model.to(settings["device"]).eval(), [ids], settings["tokens"], key, **sampling)[0]
+        model = model.to(settings["device"]).eval()
+        return self.replies(model, [ids], settings["tokens"], key, **filters_of(settings))[0]

@@ -24,6 +24,7 @@ from torch import nn
 from ...config import ConfigError
 from .sampler import NoisyScores, Sampling
 from .sampler import completion_keys as completion_keys  # re-exported: the tasks' keys
+from .sampler import filters_of as filters_of  # re-exported: `anytrain sample`'s filters
 
 
 @dataclass

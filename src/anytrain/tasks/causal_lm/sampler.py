@@ -114,6 +114,14 @@ class Sampling:
     repetition_penalty: float = 1.0
 
 
+FILTERS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # what `anytrain sample`'s settings pass on
+
+
+def filters_of(settings: dict) -> dict:
+    """The Sampling fields past the length, stops and padding that `anytrain sample`'s settings hold."""
+    return {name: settings[name] for name in FILTERS}
+
+
 def sampled_scores(scores: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None = None) -> torch.Tensor:
     """(rows, vocabulary) float32: the scores whose softmax is sampled from, -inf for the tokens filtered out (module
     docstring, transformers' order); `seen` (rows, vocabulary) bool: the tokens each row has read, where

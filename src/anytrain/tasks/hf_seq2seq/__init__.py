@@ -118,12 +118,14 @@ class Seq2Seq(TokenWeighted):
         return [{"prediction": text} for text in texts]
 
     def sample(self, model: nn.Module, folder: Path, meta: dict, prompt: str, settings: dict) -> str:
-        """The prompt as a source, and a target sampled for it (temperature, top-k, seed, up to --tokens tokens)."""
+        """The prompt as a source, and a target sampled for it (transformers' generate: temperature, top-p, top-k,
+        min-p, repetition penalty, seed, up to --tokens tokens)."""
         from ...hf import tokenizer_of_run
 
         self.tokenizer = tokenizer_of_run(folder)
         model = model.to(settings["device"])
         inputs = self.tokenizer([prompt], return_tensors="pt").to(settings["device"])
         torch.manual_seed(settings["seed"])
-        sampling = {"do_sample": True, "temperature": settings["temperature"], "top_k": settings["top_k"]}
+        sampling = {k: settings[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty")}
+        sampling.update(do_sample=True, min_p=settings["min_p"] or None)  # min-p 0: no min-p filter at all
         return self.generate(model, inputs, max_new_tokens=settings["tokens"], **sampling)[0]
