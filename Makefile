@@ -32,7 +32,7 @@ lint: install
 # test, i.e. all but those marked `launch` (they start processes; tests/launch_rule.py fails one that is not marked),
 # on CHECK_WORKERS pytest-xdist workers, a file to a worker, each test on one torch thread (tests/conftest.py).
 # `make test`: lint, the same tests, then the launching tests on LAUNCH_WORKERS workers, a file to a worker, their
-# processes on every core (a launch spends much of its time starting processes and importing: 8:43 on two workers,
+# processes on every core (a launch spends much of its time starting processes and importing: 8:43-9:42 on two workers,
 # 16:17 one at a time); what CI runs (.ci/run). pytest's exit status 5 (nothing selected, e.g. PYTEST_ARGS names a
 # file without launches) is no failure.
 CHECK_WORKERS ?= 2
