@@ -86,8 +86,8 @@ def sample(
     from .tasks.contract import sampler
 
     weights = weights_file(run_dir)
-    settings: dict = {"tokens": tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
-    settings.update(repetition_penalty=repetition_penalty, seed=seed, device=device)
+    settings = dict(tokens=tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                    repetition_penalty=repetition_penalty, seed=seed, device=device)  # fmt: skip
     bad = out_of_range(settings)
     if bad:
         raise ConfigError(bad)
@@ -119,9 +119,9 @@ def out_of_range(settings: dict) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     try:
         args = build_parser().parse_args(argv)
-        filters = {"top_p": args.top_p, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty}
-        print(sample(args.run_dir, args.prompt, args.tokens, args.temperature, args.top_k, args.seed, args.device,
-                     **filters))  # fmt: skip
+        a = args
+        print(sample(a.run_dir, a.prompt, a.tokens, a.temperature, a.top_k, a.seed, a.device, top_p=a.top_p,
+                     min_p=a.min_p, repetition_penalty=a.repetition_penalty))  # fmt: skip
     except ConfigError as err:
         print(f"anytrain sample: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -87,10 +87,10 @@ class LanguageModel(Task):
         from ..gpt import generate
 
         block = getattr(model, "block_size", None)
-        past_top_k = {"--top-p": settings["top_p"] != 1, "--min-p": settings["min_p"] != 0}
-        past_top_k["--repetition-penalty"] = settings["repetition_penalty"] != 1
-        for flag in (flag for flag, given in past_top_k.items() if given):
-            raise ConfigError(f"{flag}: the gpt samples as nanoGPT does, with --temperature and --top-k only")
+        off = {"--top-p": ("top_p", 1), "--min-p": ("min_p", 0), "--repetition-penalty": ("repetition_penalty", 1)}
+        given = next((flag for flag, (name, none) in off.items() if settings[name] != none), None)
+        if given:
+            raise ConfigError(f"{given}: the gpt samples as nanoGPT does, with --temperature and --top-k only")
         if not isinstance(block, int):
             raise ConfigError(f"run_dir: {folder}: sampling needs a model with a block_size (the registry's gpt)")
         vocab = read_tokenizer(meta["vocab"], folder)
